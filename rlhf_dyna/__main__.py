@@ -1,0 +1,35 @@
+"""Entry point: `python -m rlhf_dyna [recipe=NAME] [key=value ...]` (Hydra app, multirun with -m)."""
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from .cli_args import check_overrides
+from .config import register_configs
+from .validate import ConfigError
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="pkg://rlhf_dyna.conf", config_name="config")
+def app(dcfg: DictConfig) -> None:
+    from .job import run_job
+
+    code = run_job(dcfg)
+    if code:
+        raise SystemExit(code)
+
+
+def main() -> None:
+    try:
+        check_overrides(sys.argv[1:])
+    except ConfigError as err:
+        print(f"rlhf_dyna: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    app()
+
+
+if __name__ == "__main__":
+    main()

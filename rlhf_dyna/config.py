@@ -1,0 +1,158 @@
+"""Typed configuration: one dataclass per Hydra config group, registered in Hydra's ConfigStore.
+
+Struct mode comes from the schema, so a misspelled key or a wrong type fails at composition,
+before any rank is spawned.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "llama"  # llama | qwen2 | qwen3 | qwen3_moe
+    path: Optional[str] = None  # local HF checkpoint dir (config.json + *.safetensors); None = random init
+    vocab_size: int = 32  # tiny recipes: replaced by the task tokenizer's size
+    hidden_size: int = 64
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: Optional[int] = None  # None = hidden_size // num_attention_heads
+    max_position_embeddings: int = 64
+    tie_word_embeddings: bool = False
+    rope_theta: float = 10000.0
+    num_experts: int = 0  # MoE only
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    dtype: str = "bfloat16"  # dtype of the weights at cluster scale (dry run, checkpoints)
+
+
+@dataclass
+class LayoutConfig:
+    """One training layout. dp=-1 means world_size // (tp * pp * cp)."""
+
+    dp: int = -1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    cp: int = 1
+    zero: int = 3  # 3 = FSDP (params, grads, optimizer sharded); 1 = optimizer state sharded only
+
+
+@dataclass
+class ParallelConfig:
+    world_size: int = 2  # ranks of the job (CPU processes here, GPUs on a cluster)
+    nodes: int = 1
+    device: str = "auto"  # auto | cpu | cuda
+    train: LayoutConfig = field(default_factory=LayoutConfig)
+
+
+@dataclass
+class ClusterConfig:
+    """Cluster description for the cost model of the dry run."""
+
+    nodes: int = 1
+    devices_per_node: int = 8
+    intra_node_gbps: float = 900.0 * 8  # NVLink, per device, Gbit/s
+    inter_node_gbps: float = 200.0  # per device NIC, Gbit/s
+    latency_us: float = 10.0
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "grpo"  # grpo | ppo
+    lr: float = 1e-4
+    critic_lr: float = 5e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"  # k1 | k3
+    kl_in_reward: bool = False  # PPO: KL penalty in the reward (True) or in the loss (False)
+    norm_adv_by_std: bool = True  # GRPO: divide by the group's std (False = Dr. GRPO style)
+    loss_agg: str = "token_mean"  # token_mean | seq_mean
+    gamma: float = 1.0
+    lam: float = 0.95
+    vf_clip: float = 0.2
+    epochs: int = 1  # passes over each step's rollouts
+    mini_batches: int = 1  # optimizer steps per pass
+    micro_batch_size: int = 16  # per rank, gradient accumulation above it
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "vllm"
+    tp: int = 1
+    n: int = 8  # samples per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 8
+    kv_cache_bytes: int = 64 * 1024 * 1024
+    sync: str = "naive"  # naive | vps
+
+
+@dataclass
+class TaskConfig:
+    name: str = "arithmetic"  # arithmetic | sort_digits
+    min_digits: int = 1
+    max_digits: int = 2
+    partial_credit: bool = False
+    prompts_per_step: int = 16  # global, over all rollout replicas
+    eval_size: int = 128
+    eval_every: int = 5
+
+
+@dataclass
+class TrackingConfig:
+    wandb_mode: str = "offline"  # offline | online | disabled
+    project: str = "rlhf_dyna"
+    run_name: Optional[str] = None
+    console: bool = True
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 20
+    seed: int = 0
+    precision: str = "fp32"  # fp32 | bf16
+    sft_warmup_steps: int = 0  # supervised warm-up on task demonstrations before RL
+    sft_lr: float = 3e-3
+    sft_batch_size: int = 64
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    recipe: str = "grpo_tiny"  # name of the recipe, set by each recipe file
+    dry_run: bool = False  # plan every transition of the recipe, without devices
+
+
+GROUP_SCHEMAS = {
+    "model": ModelConfig,
+    "parallel": ParallelConfig,
+    "algorithm": AlgorithmConfig,
+    "rollout": RolloutConfig,
+    "task": TaskConfig,
+    "tracking": TrackingConfig,
+}
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for group, schema in GROUP_SCHEMAS.items():
+        cs.store(group=group, name=f"{group}_schema", node=schema)
