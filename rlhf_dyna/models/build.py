@@ -1,0 +1,137 @@
+"""Build HF policy / value models from a typed spec or a local checkpoint dir, and save them for vLLM."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import ModelOutput
+
+WEIGHTS_FILE = "model.safetensors"
+VALUE_HEAD = "value_head"
+
+# arch -> (HF model_type, causal-LM class name that vLLM looks up in config.architectures)
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    rope_theta: float = 10000.0
+    initializer_range: float = 0.02  # random-init std; tests raise it so greedy argmax is not a near-tie
+
+
+def make_hf_config(spec: ModelSpec) -> PretrainedConfig:
+    if spec.arch not in ARCHITECTURES:
+        raise ValueError(f"arch={spec.arch!r} is not one of {sorted(ARCHITECTURES)}")
+    if spec.hidden_size % spec.num_attention_heads:
+        raise ValueError(f"hidden_size={spec.hidden_size} is not divisible by num_attention_heads={spec.num_attention_heads}")
+    model_type, causal_lm_class = ARCHITECTURES[spec.arch]
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        # qwen3 defaults head_dim to 128 regardless of hidden size
+        head_dim=spec.hidden_size // spec.num_attention_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        rope_theta=spec.rope_theta,
+        initializer_range=spec.initializer_range,
+        architectures=[causal_lm_class],
+    )
+    return config
+
+
+def _resolve_config(spec_or_path: ModelSpec | str | Path) -> tuple[PretrainedConfig, Path | None]:
+    if isinstance(spec_or_path, ModelSpec):
+        return make_hf_config(spec_or_path), None
+    path = Path(spec_or_path)
+    return AutoConfig.from_pretrained(path), path
+
+
+def build_policy(spec_or_path: ModelSpec | str | Path, dtype: torch.dtype = torch.float32, seed: int = 0) -> PreTrainedModel:
+    """Causal LM: random init (seeded) from a spec, or loaded from a local safetensors dir."""
+    config, path = _resolve_config(spec_or_path)
+    if path is not None:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+
+
+@dataclass
+class ValueOutput(ModelOutput):
+    values: Tensor | None = None  # [batch, seq]: value head applied to the hidden state at each position
+
+
+class ValueModel(nn.Module):
+    """Decoder backbone (`.model`, same names as in the causal LM) plus a scalar value head."""
+
+    def __init__(self, config: PretrainedConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.config = config
+        self.model = AutoModel.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        self.value_head = nn.Linear(config.hidden_size, 1, dtype=dtype)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None, **kwargs) -> ValueOutput:
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs).last_hidden_state
+        return ValueOutput(values=self.value_head(hidden).squeeze(-1))
+
+
+def build_critic(spec_or_path: ModelSpec | str | Path, dtype: torch.dtype = torch.float32, seed: int = 0) -> ValueModel:
+    """Value model: random init, or backbone (and value head, if saved) from a local checkpoint dir.
+
+    A policy checkpoint initialises the backbone; its lm_head is ignored and the head stays random."""
+    config, path = _resolve_config(spec_or_path)
+    torch.manual_seed(seed)
+    critic = ValueModel(config, dtype)
+    if path is not None:
+        state = load_file(str(path / WEIGHTS_FILE))
+        missing, _unexpected = critic.load_state_dict(state, strict=False)
+        missing_backbone = [name for name in missing if not name.startswith(VALUE_HEAD)]
+        if missing_backbone:
+            raise ValueError(f"{path / WEIGHTS_FILE} lacks backbone weights {missing_backbone[:5]}")
+    return critic
+
+
+def save_hf_dir(
+    weights: nn.Module | Iterable[tuple[str, Tensor]],
+    config: PretrainedConfig,
+    out_dir: str | Path,
+    tokenizer_json: str | None = None,
+) -> Path:
+    """Write config.json + model.safetensors (+ tokenizer.json) so that HF and vLLM can open the dir.
+
+    `weights` is a module (unsharded) or (HF name, full tensor) pairs, e.g. from `train.full_state_dict`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pairs = weights.state_dict().items() if isinstance(weights, nn.Module) else weights
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in pairs}
+    if getattr(config, "tie_word_embeddings", False):
+        tensors.pop("lm_head.weight", None)  # safetensors refuses shared storage; HF and vLLM re-tie on load
+    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    config.save_pretrained(out)
+    if tokenizer_json is not None:
+        json.loads(tokenizer_json)  # fail here, not inside vLLM, if it is not JSON
+        (out / "tokenizer.json").write_text(tokenizer_json)
+    return out
