@@ -141,18 +141,5 @@ class Config:
     dry_run: bool = False  # plan every transition of the recipe, without devices
 
 
-GROUP_SCHEMAS = {
-    "model": ModelConfig,
-    "parallel": ParallelConfig,
-    "algorithm": AlgorithmConfig,
-    "rollout": RolloutConfig,
-    "task": TaskConfig,
-    "tracking": TrackingConfig,
-}
-
-
 def register_configs() -> None:
-    cs = ConfigStore.instance()
-    cs.store(name="base_config", node=Config)
-    for group, schema in GROUP_SCHEMAS.items():
-        cs.store(group=group, name=f"{group}_schema", node=schema)
+    ConfigStore.instance().store(name="base_config", node=Config)
