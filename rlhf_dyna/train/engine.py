@@ -1,0 +1,176 @@
+"""Training engine: one (FSDP2 [+ TP]) model per rank with AdamW, grad clipping and micro-batched steps.
+
+Loss scaling across micro-batches (and dp ranks). `step` hands every `loss_fn` call a `LossNorm` whose
+counts are the *dp-group* totals divided by the dp size. A loss_fn that returns
+`sum(per_token_loss * mask) / norm.num_tokens` then yields, after the micro-batch gradients are summed
+by `backward()` and averaged over dp by FSDP's reduce-scatter, exactly the gradient of the global token
+mean over the whole dp group's batch, whatever the micro-batch split (same for `num_sequences`).
+Metrics a loss_fn returns follow the same rule: summed over micro-batches, averaged over dp.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from rlhf_dyna.train.parallelize import parallelize
+
+
+@dataclass(frozen=True)
+class LossNorm:
+    num_tokens: float  # sum of batch[loss_mask_key] over the dp group / dp size
+    num_sequences: float  # sequences in the dp group's batch / dp size
+
+
+LossFn = Callable[[object, dict[str, Tensor], LossNorm], tuple[Tensor, dict[str, float]]]
+
+
+def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """[B, T] log p(input_ids[:, t] | input_ids[:, <t]) under softmax(logits / temperature); column 0 is 0."""
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    picked = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.nn.functional.pad(picked, (1, 0))
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Positions that skip left padding, so a padded row sees the positions vLLM gives the unpadded prompt."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class TrainEngine:
+    """Owns a parallelized model (policy, value model or frozen reference) and its optimizer on this rank.
+
+    Ranks of one TP group must pass identical batches; each dp rank passes its own shard, and every dp
+    rank must pass the same batch size (FSDP's gathers are collective per micro-batch)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        mesh: DeviceMesh,
+        lr: float = 1e-6,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        grad_clip: float | None = 1.0,
+        precision: str = "fp32",
+        micro_batch_size: int | None = None,
+        trainable: bool = True,
+        loss_mask_key: str = "response_mask",
+    ) -> None:
+        self.mesh = mesh
+        self.precision = precision
+        self.micro_batch_size = micro_batch_size
+        self.grad_clip = grad_clip
+        self.loss_mask_key = loss_mask_key
+        self.device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
+        if not trainable:
+            model.requires_grad_(False)
+        self.model = parallelize(model, mesh, precision)
+        self.optimizer = (
+            torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay) if trainable else None
+        )
+
+    @property
+    def dp_rank(self) -> int:
+        return self.mesh["dp"].get_local_rank()
+
+    @property
+    def dp_size(self) -> int:
+        return self.mesh["dp"].size()
+
+    def _dp_sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=self.mesh["dp"].get_group())
+        return t.tolist()
+
+    def _micro_batches(self, batch: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+        size = next(iter(batch.values())).shape[0]
+        sizes = self._dp_sum([size, size * size])  # equal sizes on all dp ranks <=> mean(size^2) == mean(size)^2
+        if sizes[1] * self.dp_size != sizes[0] ** 2:
+            raise ValueError(f"dp ranks pass different batch sizes (this rank: {size}); every dp rank needs the same")
+        mbs = self.micro_batch_size or size
+        return [{k: v[i : i + mbs].to(self.device) for k, v in batch.items()} for i in range(0, size, mbs)]
+
+    def forward(self, micro_batch: dict[str, Tensor]) -> object:
+        """HF forward with mask-derived positions; returns the model's output (`.logits` or `.values`)."""
+        mask = micro_batch["attention_mask"]
+        return self.model(
+            input_ids=micro_batch["input_ids"], attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False
+        )
+
+    def step(self, batch: dict[str, Tensor], loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step over this rank's batch, accumulating gradients over micro-batches."""
+        if self.optimizer is None:
+            raise RuntimeError("this engine was built with trainable=False (a reference model)")
+        self.model.train()
+        mask = batch.get(self.loss_mask_key)
+        tokens = float(mask.sum()) if mask is not None else 0.0
+        total_tokens, total_seqs = self._dp_sum([tokens, float(batch["input_ids"].shape[0])])
+        norm = LossNorm(num_tokens=max(total_tokens, 1.0) / self.dp_size, num_sequences=total_seqs / self.dp_size)
+        self.optimizer.zero_grad(set_to_none=True)
+        summed: dict[str, float] = {}
+        for micro_batch in self._micro_batches(batch):
+            loss, metrics = loss_fn(self.forward(micro_batch), micro_batch, norm)
+            loss.backward()  # FSDP2 reduce-scatters each micro-batch's grads and accumulates the fp32 shards
+            for key, value in {"loss": float(loss.detach()), **metrics}.items():
+                summed[key] = summed.get(key, 0.0) + float(value)
+        grad_norm = self.clip_gradients()
+        self.optimizer.step()
+        keys = sorted(summed)
+        averaged = dict(zip(keys, (v / self.dp_size for v in self._dp_sum([summed[k] for k in keys]))))
+        return {**averaged, "grad_norm": grad_norm}
+
+    def clip_gradients(self) -> float:
+        """Global L2 grad norm; clips to grad_clip when set.
+
+        With TP, FSDP leaves tp-replicated params (norms, tied embeddings) on the 1-D dp mesh and the rest on
+        the 2-D mesh; torch's clip_grad_norm_ cannot stack norms of different meshes, so norms are taken per
+        mesh, made full, combined, and applied per mesh with torch's own helpers."""
+        by_mesh: dict[object, list[nn.Parameter]] = {}
+        for p in self.model.parameters():
+            if p.grad is not None:
+                by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+        norms = []
+        for params in by_mesh.values():
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        total = torch.linalg.vector_norm(torch.stack(norms))
+        if self.grad_clip is not None:
+            for params in by_mesh.values():
+                torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, total)
+        return float(total)
+
+    @torch.no_grad()
+    def _inference(self, input_ids: Tensor, attention_mask: Tensor, read: Callable[[object, Tensor], Tensor]) -> Tensor:
+        self.model.eval()
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+        out = torch.cat([read(self.forward(mb), mb["input_ids"]).float().cpu() for mb in self._micro_batches(batch)])
+        reshard(self.model)  # the root stays unsharded after a no-grad forward; free it
+        return out
+
+    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0) -> Tensor:
+        """[B, T] log-probs of each token given its prefix (column 0 is 0); mask with the response mask."""
+        return self._inference(input_ids, attention_mask, lambda out, ids: token_logprobs(out.logits, ids, temperature))
+
+    def values(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """[B, T] value-head outputs of a value model (value at t reads the prefix up to and including t)."""
+        return self._inference(input_ids, attention_mask, lambda out, ids: out.values)
+
+
+def reshard(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def full_state_dict(engine: TrainEngine, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
+    """(HF name, full tensor) for every parameter, gathered from FSDP/TP shards; collective: call on every rank."""
+    reshard(engine.model)
+    for name, param in engine.model.named_parameters():
+        full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
+        yield name, full if dtype is None else full.to(dtype)

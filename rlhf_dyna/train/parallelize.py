@@ -1,0 +1,63 @@
+"""Apply a (dp, tp) training layout to an HF decoder (policy or value model) with torch's own parallel APIs."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+
+# Megatron-style pairs per decoder layer: column-parallel in, row-parallel out, one all-reduce each.
+LAYER_TP_PLAN: dict[str, ParallelStyle] = {
+    "self_attn.q_proj": ColwiseParallel(),
+    "self_attn.k_proj": ColwiseParallel(),
+    "self_attn.v_proj": ColwiseParallel(),
+    "self_attn.o_proj": RowwiseParallel(),
+    "mlp.gate_proj": ColwiseParallel(),
+    "mlp.up_proj": ColwiseParallel(),
+    "mlp.down_proj": RowwiseParallel(),
+}
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """Both the causal LM and the ValueModel keep the HF backbone at `.model`."""
+    return model.model.layers
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    config = model.config
+    tp = tp_mesh.size()
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
+        if getattr(config, name) % tp:
+            raise ValueError(f"tp={tp} does not divide {name}={getattr(config, name)}")
+    for layer in decoder_layers(model):
+        parallelize_module(layer, tp_mesh, LAYER_TP_PLAN)
+    # Vocab-parallel embedding / lm_head only when untied: tying one Parameter to two TP styles would
+    # distribute it twice and break the tie, so tied models keep both replicated over tp.
+    if not config.tie_word_embeddings:
+        plan: dict[str, ParallelStyle] = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
+        if hasattr(model, "lm_head"):
+            plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())  # full logits: losses need the whole vocab
+        parallelize_module(model, tp_mesh, plan)
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str) -> None:
+    """FSDP2 per decoder layer plus the root; bf16 computes in bf16 on fp32 master params, reduces grads in fp32."""
+    if precision == "bf16":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    elif precision == "fp32":
+        mp = MixedPrecisionPolicy()
+    else:
+        raise ValueError(f"precision={precision!r}; valid: 'fp32', 'bf16'")
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp)
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh, precision: str) -> nn.Module:
+    """TP over mesh["tp"] (if > 1), then FSDP2 over mesh["dp"]; parameters keep their HF names."""
+    if mesh["tp"].size() > 1:
+        apply_tensor_parallel(model, mesh["tp"])
+    apply_fsdp(model, mesh["dp"], precision)
+    return model

@@ -1,0 +1,43 @@
+"""Run a function on N real ranks (gloo over loopback), as the launcher would, and clean up after vLLM."""
+from __future__ import annotations
+
+import glob
+import os
+import socket
+import uuid
+from collections.abc import Callable
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, ident: str, fn: Callable, args: tuple) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+        VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_DIST_IDENT=ident, OMP_NUM_THREADS="1",
+    )
+    import torch
+
+    torch.set_num_threads(1)  # two shared cores: one thread per rank avoids oversubscription
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable, world: int, *args) -> None:
+    """Spawn `world` ranks running fn(rank, world, *args); re-raises the first failure."""
+    ident = f"rlhfdyna-{uuid.uuid4().hex[:10]}"  # vLLM names its /dev/shm segments from this
+    try:
+        mp.spawn(_rank_main, args=(world, _free_port(), ident, fn, args), nprocs=world, join=True)
+    finally:
+        for path in glob.glob(f"/dev/shm/*{ident}*"):
+            os.remove(path)
