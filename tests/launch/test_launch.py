@@ -1,0 +1,196 @@
+"""Launch and supervision with real processes: local spawning, failures, signals, /dev/shm, torchrun."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlhf_dyna.launch import (
+    RANKS_PER_CORE_LIMIT,
+    SHM_DIR,
+    LaunchError,
+    check_capacity,
+    clean_shm_segments,
+    free_port,
+    init_distributed,
+    new_run_ident,
+    run_segments,
+    spawn_ranks,
+    usable_cores,
+)
+
+WORKERS = str(Path(__file__).with_name("workers.py"))
+CRASH_TEXT = "rank one blew up on purpose (launch test)"  # as in workers.py, which tests must not import
+
+
+def _results(out_dir: Path, world_size: int) -> list[dict]:
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world_size)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def _pids(out_dir: Path) -> list[int]:
+    return [int(p) for f in sorted(out_dir.glob("rank*.pids")) for p in f.read_text().split()]
+
+
+def _assert_no_traces(out_dir: Path) -> None:
+    pids = _pids(out_dir)
+    assert len(pids) == 3, "two ranks and rank 0's grandchild should have recorded their pids"
+    assert [p for p in pids if _alive(p)] == []
+    assert not (SHM_DIR / (out_dir / "psm_name").read_text()).exists()
+    assert run_segments((out_dir / "run_ident").read_text()) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_spawned_ranks_all_reduce(tmp_path: Path, world_size: int) -> None:
+    assert spawn_ranks(world_size, WORKERS, ["all_reduce", str(tmp_path)], tmp_path / "run") == 0
+    results = _results(tmp_path, world_size)
+    assert [r["sum"] for r in results] == [world_size * (world_size + 1) / 2] * world_size
+    assert [(r["rank"], r["local_rank"], r["node_rank"]) for r in results] == [(r, r, 0) for r in range(world_size)]
+    assert {r["world_size"] for r in results} == {world_size}
+    assert {r["local_world_size"] for r in results} == {world_size}
+    assert {r["backend"] for r in results} == {"gloo"}
+    assert len({r["run_ident"] for r in results}) == 1
+    assert {r["omp"] for r in results} == {os.environ.get("OMP_NUM_THREADS", str(max(1, usable_cores() // world_size)))}
+    assert all(r["under_torchrun"] for r in results)  # a spawned rank must not spawn again
+    assert all((tmp_path / "run" / f"rank{r}.log").exists() for r in range(world_size))
+    assert run_segments(results[0]["run_ident"]) == []
+
+
+@pytest.mark.timeout(60)
+def test_crashing_rank_stops_all_and_cleans_up(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    start = time.monotonic()
+    code = spawn_ranks(2, WORKERS, ["crash", str(tmp_path)], tmp_path / "run", grace_s=3.0)
+    elapsed = time.monotonic() - start
+    err = capfd.readouterr().err
+    assert code == 1
+    assert CRASH_TEXT in err and "rank 1 of 2 failed" in err and "Traceback" in err
+    assert elapsed < 30, f"startup plus shutdown took {elapsed:.1f}s"
+    _assert_no_traces(tmp_path)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig, expected", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_to_launcher_stops_all(tmp_path: Path, sig: signal.Signals, expected: int) -> None:
+    launcher = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from pathlib import Path; from rlhf_dyna.launch import spawn_ranks; "
+         f"sys.exit(spawn_ranks(2, {WORKERS!r}, ['hang', {str(tmp_path)!r}], Path({str(tmp_path / 'run')!r})))"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 40
+    while not all((tmp_path / f"ready{r}").exists() for r in range(2)):
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.1)
+    launcher.send_signal(sig)
+    out, err = launcher.communicate(timeout=15)
+    assert launcher.returncode == expected, err
+    assert f"on signal {int(sig)}" in err
+    _assert_no_traces(tmp_path)
+
+
+def test_clean_shm_segments_removes_only_this_runs() -> None:
+    ours, theirs = new_run_ident(), new_run_ident()
+    names = [f"{ours}-tp:0-[0-1]-cpushm_0", f"{ours}-tp:0-[0-1]-cpushm_1", f"{theirs}-tp:0-[0-1]-cpushm_0"]
+    for name in names:
+        (SHM_DIR / name).write_bytes(b"\0")
+    extra = SHM_DIR / f"psm_{ours[-8:]}"
+    extra.write_bytes(b"\0")
+    try:
+        assert sorted(clean_shm_segments(ours, [extra])) == sorted([*names[:2], extra.name])
+        assert [p.name for p in run_segments(theirs)] == [names[2]]
+        assert run_segments(ours) == []
+    finally:
+        clean_shm_segments(theirs)
+
+
+@pytest.mark.timeout(60)
+def test_pinned_ident_names_vllms_cpu_segments() -> None:
+    """vLLM's CPU worker sets VLLM_DIST_IDENT to '//' before making its segments; ours must win."""
+    ident = new_run_ident()
+    code = (
+        "import os, types; from rlhf_dyna.launch import pin_vllm_shm_ident\n"
+        f"pin_vllm_shm_ident({ident!r})\n"
+        "from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed\n"
+        "os.environ['VLLM_DIST_IDENT'] = '//'\n"
+        "print(_CPUSHMDistributed.make_group_name(types.SimpleNamespace(unique_name='tp:0', ranks=[0, 1])))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == f"{ident}-tp:0-[0-1]-cpushm"
+
+
+@pytest.mark.timeout(90)
+def test_two_node_rendezvous_on_loopback(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("VLLM_DIST_IDENT", None)
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", tmp_path.name,
+             "--node-rank", str(node), "--max-restarts", "0", WORKERS, "all_reduce", str(tmp_path)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for node in range(2)
+    ]
+    outputs = [a.communicate(timeout=75)[0] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], "\n".join(outputs)
+    results = _results(tmp_path, 2)
+    assert [r["sum"] for r in results] == [3.0, 3.0]
+    assert sorted(r["node_rank"] for r in results) == [0, 1]
+    assert all(r["rank"] == r["node_rank"] and r["local_rank"] == 0 and r["local_world_size"] == 1 for r in results)
+    assert all(r["under_torchrun"] for r in results)
+    assert len({r["run_ident"] for r in results}) == 1, "ranks must agree on one shm name per run"
+
+
+def test_capacity_refuses_too_many_cpu_ranks() -> None:
+    limit = RANKS_PER_CORE_LIMIT * usable_cores()
+    check_capacity(limit, "cpu")
+    with pytest.raises(LaunchError, match=rf"world_size={limit + 1} .* Use world_size <= {limit}"):
+        check_capacity(limit + 1, "cpu")
+    with pytest.raises(LaunchError, match="world_size=0"):
+        check_capacity(0, "cpu")
+
+
+def test_capacity_refuses_what_memory_cannot_hold() -> None:
+    with pytest.raises(LaunchError, match=r"GiB is available; at most \d+ rank"):
+        check_capacity(2, "cpu", mem_per_rank_bytes=1 << 50)
+
+
+def test_capacity_refuses_more_ranks_than_gpus_and_unknown_devices() -> None:
+    import torch
+
+    gpus = torch.cuda.device_count()
+    with pytest.raises(LaunchError, match=rf"{gpus} GPU\(s\) are visible"):
+        check_capacity(gpus + 1, "cuda")
+    with pytest.raises(LaunchError, match="device='tpu'"):
+        check_capacity(1, "tpu")
+
+
+def test_spawn_refuses_before_spawning(tmp_path: Path) -> None:
+    start = time.monotonic()
+    with pytest.raises(LaunchError):
+        spawn_ranks(RANKS_PER_CORE_LIMIT * usable_cores() + 1, WORKERS, ["all_reduce", str(tmp_path)], tmp_path / "run")
+    assert time.monotonic() - start < 2
+    assert not (tmp_path / "run").exists()
+
+
+def test_init_distributed_outside_a_launch_says_how(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(LaunchError, match="torchrun"):
+        init_distributed()

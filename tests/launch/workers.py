@@ -1,0 +1,66 @@
+"""Rank programs for the launch tests, run as `python workers.py MODE OUT_DIR`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlhf_dyna.launch import SHM_DIR, init_distributed, shutdown_distributed, under_torchrun
+
+CRASH_TEXT = "rank one blew up on purpose (launch test)"
+
+
+def all_reduce(out_dir: Path) -> None:
+    """Sum of (rank + 1) over the world, and each rank's view of itself, to out_dir/rank{r}.json."""
+    info = init_distributed()
+    total = torch.tensor([float(info.rank + 1)])
+    dist.all_reduce(total)
+    (out_dir / f"rank{info.rank}.json").write_text(json.dumps(dict(
+        sum=total.item(), rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
+        local_world_size=info.local_world_size, node_rank=info.node_rank, backend=info.backend,
+        run_ident=info.run_ident, omp=os.environ.get("OMP_NUM_THREADS"), under_torchrun=under_torchrun(),
+    )))
+    shutdown_distributed()
+
+
+def _leave_traces(out_dir: Path) -> int:
+    """What a killed vLLM rank leaves: a segment named by the run, on rank 0 also an untracked psm_
+    segment (a reader's view, as vLLM's shm_broadcast makes) and a grandchild process."""
+    info = init_distributed()
+    (SHM_DIR / f"{info.run_ident}-tp:0-[0-1]-cpushm_{info.rank}").write_bytes(b"\0" * 4096)
+    pids = [os.getpid()]
+    if info.rank == 0:
+        segment = shared_memory.SharedMemory(create=True, size=4096)
+        resource_tracker.unregister(segment._name, "shared_memory")  # nobody but the launcher may clean it
+        (out_dir / "psm_name").write_text(segment.name)
+        (out_dir / "run_ident").write_text(info.run_ident)
+        pids.append(subprocess.Popen(["sleep", "300"]).pid)
+        globals()["_keep_mapped"] = segment
+    (out_dir / f"rank{info.rank}.pids").write_text(" ".join(map(str, pids)))
+    dist.barrier()
+    return info.rank
+
+
+def crash(out_dir: Path) -> None:
+    """Rank 1 raises; rank 0 never notices (it sleeps), so the launcher has to stop it."""
+    if _leave_traces(out_dir) == 1:
+        raise RuntimeError(CRASH_TEXT)
+    time.sleep(300)
+
+
+def hang(out_dir: Path) -> None:
+    _leave_traces(out_dir)
+    (out_dir / f"ready{dist.get_rank()}").touch()
+    time.sleep(300)
+
+
+if __name__ == "__main__":
+    mode, out = sys.argv[1:]
+    {"all_reduce": all_reduce, "crash": crash, "hang": hang}[mode](Path(out))
