@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import multiprocessing
 import os
 import socket
 import uuid
@@ -33,11 +34,17 @@ def _rank_main(rank: int, world: int, port: int, ident: str, fn: Callable, args:
         dist.destroy_process_group()
 
 
+# Ranks fork from a server that imported these once: re-importing them per rank costs ~5 s each on 2 cores.
+PRELOAD = ["torch", "torch.distributed.tensor", "transformers", "rlhf_dyna.models.build", "rlhf_dyna.train.engine"]
+
+
 def run_ranks(fn: Callable, world: int, *args) -> None:
-    """Spawn `world` ranks running fn(rank, world, *args); re-raises the first failure."""
+    """Start `world` ranks running fn(rank, world, *args); re-raises the first failure."""
     ident = f"rlhfdyna-{uuid.uuid4().hex[:10]}"  # vLLM names its /dev/shm segments from this
+    multiprocessing.set_forkserver_preload(PRELOAD)
     try:
-        mp.spawn(_rank_main, args=(world, _free_port(), ident, fn, args), nprocs=world, join=True)
+        mp.start_processes(_rank_main, args=(world, _free_port(), ident, fn, args), nprocs=world, join=True,
+                           start_method="forkserver")
     finally:
         for path in glob.glob(f"/dev/shm/*{ident}*"):
             os.remove(path)
