@@ -1,0 +1,131 @@
+"""The run's metrics sink: metrics.jsonl, wandb and the console, fed one dict per step.
+
+Only rank 0 creates a Tracker (the orchestrator gathers metrics there first); constructing one
+on another rank of an initialised process group raises, so metrics are never written twice.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from rlhf_dyna.tracking.console import CONSOLE_KEYS, ConsoleSink
+
+WANDB_MODES: tuple[str, ...] = ("offline", "online", "disabled")
+WANDB_KEYS: frozenset[str] = frozenset({"wandb_mode", "project", "run_name", "console"})
+METRICS_FILE = "metrics.jsonl"
+
+
+def _assert_rank_zero() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        raise RuntimeError(f"Tracker created on rank {dist.get_rank()}; only rank 0 may track metrics")
+
+
+def _json_value(value: float) -> float | None:
+    """Strict JSON has no NaN/Infinity: non-finite values are written as null."""
+    return value if math.isfinite(value) else None
+
+
+class Tracker:
+    """Log one dict of float metrics per step to every sink.
+
+    output_dir: the run's output directory; gets metrics.jsonl and wandb's run directory.
+    wandb_cfg: mapping with the keys of the `tracking` config group: wandb_mode
+      ("offline" default | "online" | "disabled"), project, run_name (None: wandb picks);
+      a "console" key is accepted and ignored (that is the `console` argument). None = disabled.
+    console: print a line per step (progress bar on a terminal).
+    total_steps: the number of steps the run will make, for the progress bar.
+    run_config: the resolved run config (plain dict), passed to wandb.init(config=...).
+    Steps must strictly increase across `log` calls: gather a step's metrics, then log once.
+    """
+
+    def __init__(
+        self,
+        output_dir: str | Path,
+        wandb_cfg: Mapping[str, Any] | None,
+        console: bool,
+        total_steps: int,
+        run_config: Mapping[str, Any] | None = None,
+        console_keys: Sequence[str] = CONSOLE_KEYS,
+        rich_console: Console | None = None,
+    ) -> None:
+        _assert_rank_zero()
+        self.output_dir = Path(output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        # Append so a resumed run keeps its earlier steps.
+        self._jsonl = (self.output_dir / METRICS_FILE).open("a", encoding="utf-8")
+        self._last_step: int | None = None
+        self._console = ConsoleSink(total_steps, console_keys, rich_console) if console else None
+        self._wandb_run = self._init_wandb(dict(wandb_cfg or {"wandb_mode": "disabled"}), run_config)
+
+    def _init_wandb(self, cfg: dict[str, Any], run_config: Mapping[str, Any] | None) -> Any:
+        unknown = set(cfg) - WANDB_KEYS
+        if unknown:
+            raise ValueError(f"unknown wandb_cfg keys {sorted(unknown)}; valid: {sorted(WANDB_KEYS)}")
+        mode = cfg.get("wandb_mode", "offline")
+        if mode not in WANDB_MODES:
+            raise ValueError(f"wandb_mode must be one of {WANDB_MODES}, got {mode!r}")
+        if mode == "disabled":
+            return None
+        import wandb  # slow import, only when wandb is used
+
+        return wandb.init(
+            mode=mode,
+            project=cfg.get("project", "rlhf_dyna"),
+            name=cfg.get("run_name"),
+            dir=str(self.output_dir),
+            config=dict(run_config) if run_config is not None else None,
+            reinit="create_new",
+            # console="off": wandb must not wrap stdout, which rich's progress bar owns.
+            settings=wandb.Settings(console="off", silent=True),
+        )
+
+    @property
+    def wandb_run_dir(self) -> Path | None:
+        """The wandb run's local directory (offline: .../wandb/offline-run-*), None if disabled."""
+        return Path(self._wandb_run.dir).parent if self._wandb_run is not None else None
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record `metrics` (numbers, 0-dim tensors) for `step`; values are converted to float."""
+        if self._last_step is not None and step <= self._last_step:
+            raise ValueError(f"step {step} logged after step {self._last_step}; steps must increase")
+        self._last_step = step
+        values = {key: float(value) for key, value in metrics.items()}
+        if "step" in values:
+            raise ValueError("'step' is reserved for the step number")
+        record = {"step": step, **{key: _json_value(v) for key, v in values.items()}}
+        self._jsonl.write(json.dumps(record, allow_nan=False) + "\n")
+        self._jsonl.flush()
+        if self._wandb_run is not None:
+            self._wandb_run.log(values, step=step)
+        if self._console is not None:
+            self._console.log(step, values)
+
+    def close(self) -> None:
+        """Flush and close every sink; safe to call twice. Shuts wandb's service process down, so
+        that the run is complete on disk when this returns (one Tracker per process)."""
+        if self._console is not None:
+            self._console.close()
+            self._console = None
+        if self._wandb_run is not None:
+            import wandb
+
+            self._wandb_run.finish()
+            # finish() can return before wandb-core flushes the offline run file (seen with wandb
+            # 0.31: run-*.wandb held only its header); teardown waits for the service to exit.
+            wandb.teardown()
+            self._wandb_run = None
+        if not self._jsonl.closed:
+            self._jsonl.close()
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

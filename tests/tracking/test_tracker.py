@@ -1,0 +1,95 @@
+import io
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from rich.console import Console
+
+from rlhf_dyna.tracking import METRICS_FILE, Tracker
+from tests.tracking.wandb_records import history_rows, read_records
+
+DISABLED = {"wandb_mode": "disabled"}
+
+
+def _lines(path):
+    return [json.loads(line) for line in (path / METRICS_FILE).read_text().splitlines()]
+
+
+def test_jsonl_one_object_per_step(tmp_path):
+    with Tracker(tmp_path, DISABLED, console=False, total_steps=3) as tracker:
+        tracker.log(1, {"reward/mean": 0.5, "actor/pg_loss": torch.tensor(-0.25)})
+        tracker.log(2, {"reward/mean": 0.75, "eval/accuracy": 1})
+        tracker.log(3, {"actor/kl": float("nan"), "critic/vf_loss": float("inf")})
+    assert _lines(tmp_path) == [
+        {"step": 1, "reward/mean": 0.5, "actor/pg_loss": -0.25},
+        {"step": 2, "reward/mean": 0.75, "eval/accuracy": 1.0},
+        {"step": 3, "actor/kl": None, "critic/vf_loss": None},  # strict JSON: non-finite -> null
+    ]
+
+
+def test_jsonl_appends_on_resume(tmp_path):
+    with Tracker(tmp_path, None, console=False, total_steps=2) as tracker:
+        tracker.log(1, {"reward/mean": 0.1})
+    with Tracker(tmp_path, None, console=False, total_steps=2) as tracker:
+        tracker.log(2, {"reward/mean": 0.2})
+    assert [line["step"] for line in _lines(tmp_path)] == [1, 2]
+
+
+def test_steps_must_increase_and_step_key_reserved(tmp_path):
+    with Tracker(tmp_path, DISABLED, console=False, total_steps=3) as tracker:
+        tracker.log(2, {"a": 1.0})
+        with pytest.raises(ValueError, match="steps must increase"):
+            tracker.log(2, {"a": 2.0})
+        with pytest.raises(ValueError, match="reserved"):
+            tracker.log(3, {"step": 1.0})
+
+
+def test_bad_wandb_config_rejected(tmp_path):
+    with pytest.raises(ValueError, match="wandb_mode"):
+        Tracker(tmp_path, {"wandb_mode": "sometimes"}, console=False, total_steps=1)
+    with pytest.raises(ValueError, match="unknown wandb_cfg keys"):
+        Tracker(tmp_path, {"wandb_mode": "disabled", "entity": "x"}, console=False, total_steps=1)
+
+
+def test_plain_line_per_step_when_not_a_terminal(tmp_path, capsys):
+    with Tracker(tmp_path, DISABLED, console=True, total_steps=2) as tracker:
+        tracker.log(1, {"reward/mean": 0.5, "actor/pg_loss": -0.012345, "reshard/x/seconds": 1.0})
+        tracker.log(2, {"reward/mean": 0.625})
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["step 1/2 | reward/mean 0.5 | actor/pg_loss -0.01235", "step 2/2 | reward/mean 0.625"]
+
+
+def test_progress_bar_and_lines_on_a_terminal(tmp_path):
+    buffer = io.StringIO()
+    terminal = Console(file=buffer, force_terminal=True, width=100)
+    with Tracker(tmp_path, DISABLED, console=True, total_steps=4, rich_console=terminal) as tracker:
+        tracker.log(1, {"reward/mean": 0.5})
+        tracker.log(2, {"reward/mean": 0.75})
+    text = buffer.getvalue()
+    assert "step 2/4 | reward/mean 0.75" in text
+    assert "2/4" in text and "━" in text  # the bar, advanced to step 2
+
+
+def test_wandb_offline_run_holds_metrics_and_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))  # our dir= must win
+    wandb_cfg = OmegaConf.create({"wandb_mode": "offline", "project": "rlhf_test", "run_name": "t1", "console": True})
+    run_config = {"algorithm": {"name": "grpo", "lr": 1e-4}}
+    tracker = Tracker(tmp_path, wandb_cfg, console=False, total_steps=2, run_config=run_config)
+    run_dir = tracker.wandb_run_dir
+    tracker.log(1, {"reward/mean": 0.5, "timing_s/generation": 1.25})
+    tracker.log(2, {"reward/mean": 0.75})
+    tracker.close()
+    tracker.close()  # idempotent
+
+    assert run_dir.parent == tmp_path / "wandb" and run_dir.name.startswith("offline-run-")
+    records = read_records(next(run_dir.glob("run-*.wandb")))
+    run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+    assert (run.project, run.display_name) == ("rlhf_test", "t1")
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config["algorithm"] == {"name": "grpo", "lr": 1e-4}
+    rows = history_rows(records)
+    assert [(row["_step"], row["reward/mean"]) for row in rows] == [("1", "0.5"), ("2", "0.75")]
+    assert rows[0]["timing_s/generation"] == "1.25"
+    assert [line["step"] for line in _lines(tmp_path)] == [1, 2]
