@@ -1,0 +1,150 @@
+"""The phase loop of one rank: generate -> score -> (values) -> advantages -> train -> sync weights."""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from ..algos.grpo import group_advantages
+from ..algos.kl import kl_penalty
+from ..algos.ppo import gae, token_rewards, whiten
+from ..config import Config
+from ..rollout.vllm_engine import VLLMRollout
+from ..tasks.base import Example
+from ..tasks.tokenizer import CharTokenizer
+from ..tracking.tracker import Tracker
+from ..transition.sync import make_sync
+from .batch import Sample, gather_samples, pack, shard_rows, split_rows
+from .objectives import actor_loss, critic_loss
+from .phases import evaluate, generate, supervised_warmup
+from .setup import (
+    RankContext, build_actor, build_critic_engine, build_reference, build_task, model_source, rank_context,
+    seed_everything, write_initial_checkpoint,
+)
+
+
+def mean_over_world(values: dict[str, float]) -> dict[str, float]:
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return dict(zip(keys, (t / dist.get_world_size()).tolist()))
+
+
+def advantages_for(cfg: Config, batch: dict, samples: list[Sample], ctx: RankContext, actor, ref, critic) -> dict:
+    """Adds old_logprobs, ref_logprobs, (old_values, returns) and advantages to this rank's batch shard."""
+    alg = cfg.algorithm
+    batch["old_logprobs"] = actor.logprobs(batch["input_ids"], batch["attention_mask"], cfg.rollout.temperature)
+    if ref is not None:
+        batch["ref_logprobs"] = ref.logprobs(batch["input_ids"], batch["attention_mask"], cfg.rollout.temperature)
+    if alg.name == "grpo":
+        rewards = torch.tensor([s.reward for s in samples])
+        batch["advantages"] = shard_rows(
+            {"a": group_advantages(rewards, cfg.rollout.n, alg.norm_adv_by_std)}, ctx.dp_rank, ctx.dp
+        )["a"]
+        return batch
+    mask = batch["response_mask"]
+    scores = shard_rows({"s": torch.tensor([s.reward for s in samples])}, ctx.dp_rank, ctx.dp)["s"]
+    ref_kl = None
+    if ref is not None and alg.kl_in_reward:
+        ref_kl = kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], "k1")
+    values = critic.values(batch["input_ids"], batch["attention_mask"])
+    # value of the state before token t is read at t-1 (the prefix that predicts token t)
+    values = torch.nn.functional.pad(values[:, :-1], (1, 0)) * mask
+    advantages, returns = gae(token_rewards(scores, mask, ref_kl, alg.kl_coef), values, mask, alg.gamma, alg.lam)
+    batch.update(old_values=values, returns=returns, advantages=whiten(advantages, mask))
+    return batch
+
+
+def train_on(engine, batch: dict, loss_fn, alg) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for _ in range(alg.epochs):
+        for mini in split_rows(batch, alg.mini_batches):
+            metrics = engine.step(mini, loss_fn)
+    return metrics
+
+
+def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
+    seed_everything(cfg.trainer.seed)
+    ctx = rank_context(cfg)
+    task = build_task(cfg)
+    tokenizer = CharTokenizer()
+    source = model_source(cfg.model, tokenizer.vocab_size)
+    actor = build_actor(cfg, source, ctx)
+    model_dir = write_initial_checkpoint(source, actor, tokenizer, out_dir)
+    rollout = VLLMRollout(
+        str(model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
+        kv_cache_bytes=cfg.rollout.kv_cache_bytes,
+    )
+    sync = make_sync(cfg.rollout.sync)
+    tracker = None
+    if ctx.rank == 0:
+        run_config = OmegaConf.to_container(OmegaConf.structured(cfg))
+        tracker = Tracker(out_dir, asdict(cfg.tracking), cfg.tracking.console, cfg.trainer.total_steps, run_config)
+    try:
+        warmup = supervised_warmup(cfg, actor, task, tokenizer, ctx)
+        ref = build_reference(cfg, source, actor) if cfg.algorithm.kl_coef > 0 else None
+        critic = build_critic_engine(cfg, source, actor) if cfg.algorithm.name == "ppo" else None
+        sync.sync(actor, rollout)
+        metrics = {**warmup, **evaluate(cfg, rollout, task, tokenizer, ctx)}
+        if tracker:
+            tracker.log(0, metrics)
+        rng = random.Random(cfg.trainer.seed + 1)
+        for step in range(1, cfg.trainer.total_steps + 1):
+            metrics = rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync)
+            if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
+                metrics.update(evaluate(cfg, rollout, task, tokenizer, ctx))
+            if tracker:
+                tracker.log(step, metrics)
+    finally:
+        if tracker:
+            tracker.close()
+
+
+def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync) -> dict[str, float]:
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    prompts: list[Example] = task.train_prompts(step, cfg.task.prompts_per_step, rng)  # same on every rank
+    local = generate(cfg, rollout, task, tokenizer, prompts, ctx)
+    timings["timing_s/gen"] = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    samples = sorted(gather_samples(local, ctx.is_rollout_leader), key=lambda s: s.prompt_index)
+    mine = samples[ctx.dp_rank * len(samples) // ctx.dp : (ctx.dp_rank + 1) * len(samples) // ctx.dp]
+    batch = pack(samples, tokenizer.pad_id)
+    batch = advantages_for(cfg, shard_rows(batch, ctx.dp_rank, ctx.dp), samples, ctx, actor, ref, critic)
+    timings["timing_s/prepare"] = time.perf_counter() - t1
+
+    t2 = time.perf_counter()
+    actor_metrics = train_on(actor, batch, actor_loss(cfg.algorithm, cfg.rollout.temperature), cfg.algorithm)
+    critic_metrics = train_on(critic, batch, critic_loss(cfg.algorithm), cfg.algorithm) if critic else {}
+    timings["timing_s/train"] = time.perf_counter() - t2
+
+    stats = sync.sync(actor, rollout)
+    timings["timing_s/weight_sync"] = stats.seconds
+    timings["timing_s/step"] = time.perf_counter() - t0
+
+    rewards = torch.tensor([s.reward for s in samples])
+    lengths = torch.tensor([len(s.response_ids) for s in mine], dtype=torch.float64)
+    metrics = {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        "response_length/mean": float(lengths.mean()),
+        **{f"actor/{k}": v for k, v in actor_metrics.items() if k != "loss"},
+        **{f"critic/{k}": v for k, v in critic_metrics.items() if k != "loss"},
+        "reshard/train_to_rollout/seconds": stats.seconds,
+        "reshard/train_to_rollout/bytes_moved": float(stats.bytes_moved),
+        "reshard/train_to_rollout/rounds": float(stats.rounds),
+        "reshard/train_to_rollout/peak_extra_bytes": float(stats.peak_extra_bytes),
+    }
+    if "actor/kl" not in metrics and ref is not None:
+        metrics["actor/kl"] = float(
+            (kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], "k3") * batch["response_mask"]).sum()
+            / batch["response_mask"].sum().clamp(min=1)
+        )
+    timings = mean_over_world(timings)  # rank-averaged phase times
+    return {**metrics, **timings}

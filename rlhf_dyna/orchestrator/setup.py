@@ -1,0 +1,117 @@
+"""Build everything a rank needs for a run: task, tokenizer, mesh, actor/critic/reference engines, rollout."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..config import Config, ModelConfig
+from ..models.build import ModelSpec, build_critic, build_policy, make_hf_config, save_hf_dir
+from ..tasks.base import Task, make_task
+from ..tasks.tokenizer import CharTokenizer
+from ..train.engine import TrainEngine, full_state_dict
+from ..train.mesh import build_mesh
+from ..validate import resolve_dp
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass
+class RankContext:
+    rank: int
+    world: int
+    dp: int
+    tp: int
+    rollout_tp: int
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.tp  # mesh is (dp, tp) with tp innermost
+
+    @property
+    def rollout_replica(self) -> int:
+        return self.rank // self.rollout_tp
+
+    @property
+    def rollout_replicas(self) -> int:
+        return self.world // self.rollout_tp
+
+    @property
+    def is_rollout_leader(self) -> bool:
+        return self.rank % self.rollout_tp == 0
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_task(cfg: Config) -> Task:
+    t = cfg.task
+    return make_task(
+        t.name, seed=cfg.trainer.seed, eval_size=t.eval_size, partial_credit=t.partial_credit,
+        min_digits=t.min_digits, max_digits=t.max_digits,
+    )
+
+
+def model_source(model: ModelConfig, vocab_size: int) -> ModelSpec | str:
+    """A local checkpoint dir when model.path is set; otherwise a spec for random init (task vocabulary)."""
+    if model.path is not None:
+        return model.path
+    return ModelSpec(
+        arch=model.arch, vocab_size=vocab_size, hidden_size=model.hidden_size,
+        intermediate_size=model.intermediate_size, num_hidden_layers=model.num_hidden_layers,
+        num_attention_heads=model.num_attention_heads, num_key_value_heads=model.num_key_value_heads,
+        max_position_embeddings=model.max_position_embeddings, tie_word_embeddings=model.tie_word_embeddings,
+        rope_theta=model.rope_theta,
+    )
+
+
+def rank_context(cfg: Config) -> RankContext:
+    world = dist.get_world_size()
+    return RankContext(
+        rank=dist.get_rank(), world=world, dp=resolve_dp(cfg.parallel.train, world),
+        tp=cfg.parallel.train.tp, rollout_tp=cfg.rollout.tp,
+    )
+
+
+def build_actor(cfg: Config, source: ModelSpec | str, ctx: RankContext) -> TrainEngine:
+    alg = cfg.algorithm
+    policy = build_policy(source, DTYPES["fp32"], seed=cfg.trainer.seed)
+    return TrainEngine(
+        policy, build_mesh(ctx.dp, ctx.tp), lr=alg.lr, weight_decay=alg.weight_decay, betas=tuple(alg.betas),
+        grad_clip=alg.grad_clip, precision=cfg.trainer.precision, micro_batch_size=alg.micro_batch_size,
+    )
+
+
+def build_critic_engine(cfg: Config, source: ModelSpec | str, actor: TrainEngine) -> TrainEngine:
+    alg = cfg.algorithm
+    critic = build_critic(source, DTYPES["fp32"], seed=cfg.trainer.seed + 1)
+    return TrainEngine(
+        critic, actor.mesh, lr=alg.critic_lr, weight_decay=alg.weight_decay, betas=tuple(alg.betas),
+        grad_clip=alg.grad_clip, precision=cfg.trainer.precision, micro_batch_size=alg.micro_batch_size,
+    )
+
+
+def build_reference(cfg: Config, source: ModelSpec | str, actor: TrainEngine) -> TrainEngine:
+    """A frozen copy of the actor's current weights (taken after any warm-up), sharded like the actor."""
+    ref = build_policy(source, DTYPES["fp32"], seed=cfg.trainer.seed)
+    ref.load_state_dict(dict(full_state_dict(actor)))
+    return TrainEngine(ref, actor.mesh, trainable=False, precision=cfg.trainer.precision,
+                       micro_batch_size=cfg.algorithm.micro_batch_size)
+
+
+def write_initial_checkpoint(source: ModelSpec | str, actor: TrainEngine, tokenizer: CharTokenizer, out_dir: Path) -> Path:
+    """vLLM opens a model directory; a random-init run writes its initial weights there (rank 0)."""
+    if isinstance(source, str):
+        return Path(source)
+    model_dir = out_dir / "model_init"
+    weights = list(full_state_dict(actor))  # collective: every rank takes part
+    if dist.get_rank() == 0:
+        save_hf_dir(weights, make_hf_config(source), model_dir)
+        tokenizer.save(model_dir)
+    dist.barrier()
+    return model_dir
