@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from rlhf_dyna.tracking import METRICS_FILE, Tracker
-from tests.tracking.wandb_records import history_rows, read_records
+from .wandb_records import history_rows, read_records
 
 DISABLED = {"wandb_mode": "disabled"}
 
