@@ -1,58 +1,65 @@
-"""Pieces and layouts: which rank holds which box of which logical tensor, and where in local memory."""
+"""Layout: every logical tensor (per state kind) of a model with its geometry and live buffer names."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from .box import Box
-from .tensor import LogicalTensor
-
-
-@dataclass(frozen=True, slots=True)
-class Buffer:
-    """A rank-local tensor (e.g. an FSDP shard, vLLM's fused qkv_proj) that holds one or more pieces."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
+from .geometry import Geometry
+from .layout_types import Buffer, Piece
+from .model import ModelCatalog
+from .spec import ParallelSpec, Phase
+from .tensor import Kind, LogicalTensor
 
 
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """Box `box` of `tensor` stored in local buffer `buffer`, starting at element `offset`.
-
-    `strides` are the element strides, inside the buffer, of the box's dimensions (row-major
-    contiguous pieces have strides equal to the buffer's own trailing strides).
-    """
+@dataclass(frozen=True, eq=False)
+class Entry:
+    """One logical tensor of one kind: its geometry and the live buffer name for each holding slot."""
 
     tensor: LogicalTensor
-    box: Box
-    buffer: str
-    offset: int
-    strides: tuple[int, ...]
+    geometry: Geometry
+    buffers: tuple[str, ...]
 
 
-@dataclass
+@dataclass(eq=False)
 class Layout:
-    """rank -> pieces (and the local buffers holding them). Replication: several ranks may hold a box."""
+    spec: ParallelSpec
+    entries: tuple[Entry, ...]
 
-    world_size: int
-    pieces: dict[int, list[Piece]] = field(default_factory=dict)
-    buffers: dict[int, dict[str, Buffer]] = field(default_factory=dict)
-    node_of_rank: dict[int, int] = field(default_factory=dict)  # for source choice / cost; default one node
+    @property
+    def world_size(self) -> int:
+        return self.spec.world_size
 
-    def add(self, rank: int, piece: Piece) -> None:
-        self.pieces.setdefault(rank, []).append(piece)
+    def pieces(self, rank: int) -> list[Piece]:
+        """Materialise one rank's pieces (tests and executors; planning never needs this)."""
+        out = []
+        for e in self.entries:
+            for shard in e.geometry.shards:
+                if rank in shard.ranks:
+                    h = e.geometry.holding_of(shard, rank)
+                    out.append(Piece(e.tensor, shard.box, e.buffers[h.slot], h.offset, h.strides))
+        return out
 
-    def add_buffer(self, rank: int, buf: Buffer) -> None:
-        self.buffers.setdefault(rank, {})[buf.name] = buf
+    def buffers(self, rank: int) -> dict[str, Buffer]:
+        """The rank's local buffers with their shapes (fused buffers appear once)."""
+        out: dict[str, Buffer] = {}
+        for e in self.entries:
+            for shard in e.geometry.shards:
+                if rank in shard.ranks:
+                    h = e.geometry.holding_of(shard, rank)
+                    out[e.buffers[h.slot]] = Buffer(e.buffers[h.slot], h.buffer_shape, e.tensor.dtype)
+        return out
 
-    def node(self, rank: int) -> int:
-        return self.node_of_rank.get(rank, 0)
+    def total_bytes(self) -> int:
+        """Bytes held summed over ranks (replicas counted on every rank that holds them)."""
+        return sum(
+            sum(s.box.volume * len(s.ranks) for s in e.geometry.shards) * e.tensor.itemsize for e in self.entries
+        )
 
 
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= s
-    return tuple(reversed(strides))
+def build_layout(catalog: ModelCatalog, spec: ParallelSpec, kinds: tuple[Kind, ...] | None = None) -> Layout:
+    """Layout of `catalog` under `spec` for `kinds` (default: every kind the spec's phase keeps)."""
+    from .rollout_layout import rollout_entries
+    from .train_layout import train_entries
+
+    kinds = kinds or spec.kinds
+    build = rollout_entries if spec.phase == Phase.ROLLOUT else train_entries
+    return Layout(spec, tuple(build(catalog, spec, kinds)))

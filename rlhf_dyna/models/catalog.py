@@ -1,0 +1,106 @@
+"""HF config -> VPS model catalog (logical tensors, shapes, live names), for any size, no weights.
+
+Experts are stacked per layer into one logical tensor per projection ([E, I, H] for gate/up,
+[E, H, I] for down): expert e of it is the checkpoint tensor ...experts.{e}.<proj>.weight.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rlhf_dyna.vps.model import CatalogTensor, ModelCatalog, ModelDims, Role
+
+DENSE_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+MOE_ARCHS = ("qwen3_moe", "mixtral")
+
+
+def dims_from_config(cfg: Any) -> ModelDims:
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or 0
+    moe_layers: tuple[int, ...] = ()
+    if cfg.model_type == "qwen3_moe":
+        skip = set(cfg.mlp_only_layers or [])
+        step = cfg.decoder_sparse_step
+        moe_layers = tuple(i for i in range(cfg.num_hidden_layers) if i not in skip and experts and (i + 1) % step == 0)
+    elif cfg.model_type == "mixtral":
+        moe_layers = tuple(range(cfg.num_hidden_layers))
+    moe_inter = getattr(cfg, "moe_intermediate_size", None) or (cfg.intermediate_size if experts else 0)
+    dense_inter = cfg.intermediate_size if len(moe_layers) < cfg.num_hidden_layers else 0
+    return ModelDims(
+        num_layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, num_heads=heads,
+        num_kv_heads=cfg.num_key_value_heads or heads, head_dim=head_dim, intermediate=dense_inter,
+        vocab=cfg.vocab_size, tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        num_experts=experts, moe_intermediate=moe_inter, moe_layers=moe_layers,
+    )
+
+
+def catalog_from_config(cfg: Any, param_dtype: str = "bfloat16", state_dtype: str = "float32") -> ModelCatalog:
+    """Catalog of a llama / qwen2 / qwen3 / mistral / qwen3_moe / mixtral config."""
+    arch = cfg.model_type
+    if arch not in DENSE_ARCHS + MOE_ARCHS:
+        raise ValueError(f"model_type={arch!r} has no catalog; supported: {', '.join(DENSE_ARCHS + MOE_ARCHS)}")
+    d = dims_from_config(cfg)
+    attn_bias = arch == "qwen2" or bool(getattr(cfg, "attention_bias", False))
+    qk_norm = arch in ("qwen3", "qwen3_moe")
+    out = [CatalogTensor("model.embed_tokens.weight", Role.EMBED, None, (d.vocab, d.hidden))]
+    for i in range(d.num_layers):
+        out += layer_tensors(i, d, arch, attn_bias, qk_norm)
+    out.append(CatalogTensor("model.norm.weight", Role.FINAL_NORM, None, (d.hidden,)))
+    if not d.tied_embeddings:
+        out.append(CatalogTensor("lm_head.weight", Role.LM_HEAD, None, (d.vocab, d.hidden)))
+    return ModelCatalog(arch, d, tuple(out), param_dtype, state_dtype)
+
+
+def layer_tensors(i: int, d: ModelDims, arch: str, attn_bias: bool, qk_norm: bool) -> list[CatalogTensor]:
+    p, h, hd = f"model.layers.{i}", d.hidden, d.head_dim
+    q_out, kv_out = d.num_heads * hd, d.num_kv_heads * hd
+    qkv = f"{p}.self_attn.qkv_proj"
+    out = [
+        CatalogTensor(f"{p}.input_layernorm.weight", Role.ATTN_NORM, i, (h,)),
+        CatalogTensor(f"{p}.self_attn.q_proj.weight", Role.Q, i, (q_out, h), rollout_name=f"{qkv}.weight"),
+        CatalogTensor(f"{p}.self_attn.k_proj.weight", Role.K, i, (kv_out, h), rollout_name=f"{qkv}.weight"),
+        CatalogTensor(f"{p}.self_attn.v_proj.weight", Role.V, i, (kv_out, h), rollout_name=f"{qkv}.weight"),
+    ]
+    if attn_bias:
+        out += [
+            CatalogTensor(f"{p}.self_attn.q_proj.bias", Role.Q_BIAS, i, (q_out,), rollout_name=f"{qkv}.bias"),
+            CatalogTensor(f"{p}.self_attn.k_proj.bias", Role.K_BIAS, i, (kv_out,), rollout_name=f"{qkv}.bias"),
+            CatalogTensor(f"{p}.self_attn.v_proj.bias", Role.V_BIAS, i, (kv_out,), rollout_name=f"{qkv}.bias"),
+        ]
+    if qk_norm:
+        out += [
+            CatalogTensor(f"{p}.self_attn.q_norm.weight", Role.Q_NORM, i, (hd,)),
+            CatalogTensor(f"{p}.self_attn.k_norm.weight", Role.K_NORM, i, (hd,)),
+        ]
+    out += [
+        CatalogTensor(f"{p}.self_attn.o_proj.weight", Role.O, i, (h, q_out)),
+        CatalogTensor(f"{p}.post_attention_layernorm.weight", Role.MLP_NORM, i, (h,)),
+    ]
+    return out + (moe_tensors(i, d, arch) if i in d.moe_layers else dense_mlp(i, d))
+
+
+def dense_mlp(i: int, d: ModelDims) -> list[CatalogTensor]:
+    p, h, inter = f"model.layers.{i}.mlp", d.hidden, d.intermediate
+    return [
+        CatalogTensor(f"{p}.gate_proj.weight", Role.GATE, i, (inter, h), rollout_name=f"{p}.gate_up_proj.weight"),
+        CatalogTensor(f"{p}.up_proj.weight", Role.UP, i, (inter, h), rollout_name=f"{p}.gate_up_proj.weight"),
+        CatalogTensor(f"{p}.down_proj.weight", Role.DOWN, i, (h, inter)),
+    ]
+
+
+def moe_tensors(i: int, d: ModelDims, arch: str) -> list[CatalogTensor]:
+    """Router and stacked experts; train names are transformers 5's fused experts.gate_up_proj / down_proj."""
+    e, h, inter = d.num_experts, d.hidden, d.moe_intermediate
+    train = f"model.layers.{i}.mlp"
+    ckpt = f"model.layers.{i}.block_sparse_moe" if arch == "mixtral" else train
+    gate, up, down = ("w1", "w3", "w2") if arch == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    w13, w2 = f"{ckpt}.experts.w13_weight", f"{ckpt}.experts.w2_weight"
+    return [
+        CatalogTensor(f"{ckpt}.gate.weight", Role.ROUTER, i, (e, h), train_name=f"{train}.gate.weight"),
+        CatalogTensor(f"{ckpt}.experts.{gate}.weight", Role.EXPERT_GATE, i, (e, inter, h),
+                      train_name=f"{train}.experts.gate_up_proj", rollout_name=w13),
+        CatalogTensor(f"{ckpt}.experts.{up}.weight", Role.EXPERT_UP, i, (e, inter, h),
+                      train_name=f"{train}.experts.gate_up_proj", rollout_name=w13),
+        CatalogTensor(f"{ckpt}.experts.{down}.weight", Role.EXPERT_DOWN, i, (e, h, inter),
+                      train_name=f"{train}.experts.down_proj", rollout_name=w2),
+    ]

@@ -1,0 +1,72 @@
+"""ParallelSpec: a typed, pure description of one parallel configuration and its role."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from .tensor import Kind
+
+
+class Phase(str, Enum):
+    TRAIN = "train"  # FSDP2 / ZeRO, DTensor TP, PP, EP, CP on HF module names
+    ROLLOUT = "rollout"  # vLLM's fused parameter layout
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    """One parallel configuration over ranks [first_rank, first_rank + world_size).
+
+    Train rank order (outer -> inner): pp, dp_replicate, dp, cp, tp.  FSDP (zero=3) shards dim 0 of
+    the TP-local tensor over the flattened (dp, cp) group (torchtitan's dp_shard_cp); zero=1/2 keep
+    params replicated and shard optimizer states (and grads for zero=2) the same way; zero=0 is DDP.
+    Experts: the dp*cp*tp ranks of a stage are regrouped (outer -> inner) as (edp, ep, etp).
+
+    Rollout rank order (outer -> inner): dp (independent vLLM engines), vllm_dp, pp, tp.  MoE layers
+    span vllm_dp*tp ranks (vLLM flattens TP across its DP); ep == vllm_dp*tp enables vLLM's expert
+    parallelism, ep == 1 shards every expert by TP.
+    """
+
+    phase: Phase = Phase.TRAIN
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    dp_replicate: int = 1
+    vllm_dp: int = 1
+    zero: int = 3
+    pp_layers: tuple[int, ...] | None = None  # layers per stage; None: vLLM's get_pp_indices rule
+    master_weights: bool = False  # fp32 master copy besides the (low precision) params
+    with_grads: bool = False  # grads persist across the transition (rarely: they are transient)
+    first_rank: int = 0
+
+    @property
+    def world_size(self) -> int:
+        if self.phase == Phase.ROLLOUT:
+            return self.dp * self.vllm_dp * self.pp * self.tp
+        return self.pp * self.dp_replicate * self.dp * self.cp * self.tp
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.world_size)
+
+    @property
+    def kinds(self) -> tuple[Kind, ...]:
+        if self.phase == Phase.ROLLOUT:
+            return (Kind.PARAM,)
+        kinds = [Kind.PARAM]
+        if self.with_grads:
+            kinds.append(Kind.GRAD)
+        if self.master_weights:
+            kinds.append(Kind.MASTER)
+        return (*kinds, Kind.EXP_AVG, Kind.EXP_AVG_SQ)
+
+    def describe(self) -> str:
+        if self.phase == Phase.ROLLOUT:
+            parts = dict(dp=self.dp, vllm_dp=self.vllm_dp, pp=self.pp, tp=self.tp, ep=self.ep)
+        else:
+            parts = dict(pp=self.pp, dp_replicate=self.dp_replicate, dp=self.dp, cp=self.cp, tp=self.tp,
+                         ep=self.ep, etp=self.etp, zero=self.zero)
+        body = ",".join(f"{k}={v}" for k, v in parts.items() if v != 1 or k in ("zero",))
+        return f"{self.phase.value}[{body or 'single'}]@{self.first_rank}"
