@@ -147,23 +147,24 @@ def clean_shm_segments(run_ident: str, extra: list[Path] | tuple[Path, ...] = ()
     return removed
 
 
-def _pin_module(module: ModuleType, run_ident: str) -> None:
+_pinned_ident = ""  # read by the patched make_group_name at call time, so re-pinning needs no re-patching
+
+
+def _pin_module(module: ModuleType) -> None:
     shm_dist = getattr(module, "_CPUSHMDistributed", None)
-    if shm_dist is None:
+    if shm_dist is None or getattr(shm_dist.make_group_name, "pinned_by_rlhf_dyna", False):
         return
     make_group_name = shm_dist.make_group_name
 
     def pinned_make_group_name(communicator: object) -> str:
-        os.environ["VLLM_DIST_IDENT"] = run_ident
+        os.environ["VLLM_DIST_IDENT"] = _pinned_ident
         return make_group_name(communicator)
 
+    pinned_make_group_name.pinned_by_rlhf_dyna = True  # type: ignore[attr-defined]
     shm_dist.make_group_name = staticmethod(pinned_make_group_name)
 
 
 class _PinOnImport(importlib.abc.MetaPathFinder):
-    def __init__(self, run_ident: str) -> None:
-        self.run_ident = run_ident
-
     def find_spec(self, name: str, path: object, target: object = None) -> importlib.machinery.ModuleSpec | None:
         if name != _VLLM_CPU_COMM:
             return None
@@ -175,7 +176,7 @@ class _PinOnImport(importlib.abc.MetaPathFinder):
 
         def exec_and_pin(module: ModuleType) -> None:
             exec_module(module)
-            _pin_module(module, self.run_ident)
+            _pin_module(module)
 
         spec.loader.exec_module = exec_and_pin  # type: ignore[method-assign]
         return spec
@@ -189,12 +190,14 @@ def pin_vllm_shm_ident(run_ident: str) -> None:
     (errno 17). We set it back right where the names are made; applied lazily on import so
     ranks that never use vLLM don't pay for importing it.
     """
+    global _pinned_ident
+    _pinned_ident = run_ident
     os.environ["VLLM_DIST_IDENT"] = run_ident
     module = sys.modules.get(_VLLM_CPU_COMM)
     if module is not None:
-        _pin_module(module, run_ident)
-    else:
-        sys.meta_path.insert(0, _PinOnImport(run_ident))
+        _pin_module(module)
+    elif not any(isinstance(f, _PinOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PinOnImport())
 
 
 # ---------------------------------------------------------------- inside a rank

@@ -51,6 +51,7 @@ def _leave_traces(out_dir: Path) -> int:
 def crash(out_dir: Path) -> None:
     """Rank 1 raises; rank 0 never notices (it sleeps), so the launcher has to stop it."""
     if _leave_traces(out_dir) == 1:
+        (out_dir / "crash_time").write_text(str(time.time()))
         raise RuntimeError(CRASH_TEXT)
     time.sleep(300)
 
