@@ -1,0 +1,57 @@
+"""Bad input fails fast, with one clear paragraph, non-zero, before any rank is spawned."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def run_cli(*args: str, tmp_path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "rlhf_dyna", *args, f"hydra.run.dir={tmp_path}/run", "tracking.wandb_mode=disabled"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+CASES = [
+    (["recipe=grpo_tin"], "Unknown recipe 'grpo_tin'. Did you mean 'grpo_tiny'?"),
+    (["algorithm.lrr=1e-4"], "Did you mean 'algorithm.lr'?"),
+    (["paralel.world_size=2"], "Did you mean 'parallel'?"),
+    (["parallel.train.tp=3"], "tp*pp*cp = 3*1*1 = 3 does not divide parallel.world_size=2"),
+    (
+        ["model.num_attention_heads=3", "model.num_key_value_heads=1", "model.hidden_size=48", "parallel.train.tp=2"],
+        "parallel.train.tp=2 does not divide num_attention_heads=3; valid parallel.train.tp: [1, 3]",
+    ),
+    (["rollout.tp=3"], "rollout.tp=3 does not divide num_attention_heads=4"),
+    (["parallel.world_size=3", "rollout.tp=2"], "rollout.tp=2 does not divide parallel.world_size=3"),
+    (["parallel.world_size=512", "task.prompts_per_step=512"], "512"),
+    (["model.path=/nonexistent/ckpt"], "model.path=/nonexistent/ckpt is not a local HF checkpoint directory"),
+    (["recipe=grpo_70b"], "needs 128 CUDA devices"),
+    (["algorithm.name=dpo"], "algorithm.name='dpo' is not a valid choice; valid: grpo, ppo"),
+]
+
+
+@pytest.mark.parametrize("args,expected", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_is_refused_before_spawning(args, expected, tmp_path):
+    start = time.monotonic()
+    proc = run_cli(*args, tmp_path=tmp_path)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert expected in proc.stderr, proc.stderr
+    assert elapsed < 30
+    assert not list((tmp_path / "run").glob("rank*.log")), "a rank was spawned"
+
+
+def test_wrong_type_is_refused(tmp_path):
+    proc = run_cli("algorithm.lr=fast", tmp_path=tmp_path)
+    assert proc.returncode != 0
+    assert "algorithm.lr" in proc.stderr
+
+
+def test_help_lists_groups_and_recipes(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "rlhf_dyna", "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    for group in ("model:", "parallel:", "algorithm:", "rollout:", "task:", "tracking:", "recipe:"):
+        assert group in proc.stdout
+    for recipe in ("grpo_tiny", "ppo_tiny", "grpo_7b", "grpo_70b", "ppo_235b_moe"):
+        assert recipe in proc.stdout
