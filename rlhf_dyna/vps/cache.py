@@ -1,0 +1,34 @@
+"""Plans cached per (model, source spec, destination spec, ranks per node)."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from .layout import build_layout
+from .model import ModelCatalog
+from .plan import Plan, build_plan
+from .spec import ParallelSpec
+
+_PLANS: dict[tuple, Plan] = {}
+
+
+def model_key(catalog: ModelCatalog) -> tuple:
+    return (catalog.arch, catalog.dims, catalog.param_dtype, catalog.state_dtype, len(catalog.tensors))
+
+
+def cached_plan(catalog: ModelCatalog, src: ParallelSpec, dst: ParallelSpec, ranks_per_node: int = 8) -> Plan:
+    key = (model_key(catalog), src, dst, ranks_per_node)
+    if key not in _PLANS:
+        _PLANS[key] = build_plan(build_layout(catalog, src), build_layout(catalog, dst), ranks_per_node)
+    return _PLANS[key]
+
+
+def plan_digest(plan: Plan) -> str:
+    """A fingerprint of every region and source choice: equal digests mean identical plans."""
+    h = hashlib.sha256()
+    for c in plan.classes:
+        h.update(repr([(m.tensor.name, m.tensor.kind.value, m.src_buffers, m.dst_buffers) for m in c.members]).encode())
+        for a in (c.lo, c.hi, c.send_region, c.send_src, c.send_dst, c.copy_region, c.copy_rank):
+            h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+    return h.hexdigest()
