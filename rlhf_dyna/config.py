@@ -95,7 +95,7 @@ class RolloutConfig:
     top_k: int = -1
     max_new_tokens: int = 8
     kv_cache_bytes: int = 64 * 1024 * 1024
-    sync: str = "naive"  # naive | vps
+    sync: str = "naive"  # naive (full tensors gathered and loaded by name)
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """One Hydra job: validate, then dry-run, run in-process under torchrun, or spawn local ranks."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -11,6 +12,9 @@ from .config import Config
 from .validate import ConfigError, validate, wants_cuda
 
 RESOLVED_CONFIG = "config_resolved.yaml"
+# vLLM logs every engine detail at INFO; wandb advertises its products: keep the per-step lines readable.
+QUIET_ENV = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+             "WANDB_SILENT": os.environ.get("WANDB_SILENT", "true")}
 
 
 def to_config(dcfg: DictConfig) -> Config:
@@ -48,4 +52,4 @@ def run_job(dcfg: DictConfig) -> int:
         run_rank(cfg, out_dir)
         return 0
     print(f"rlhf_dyna: recipe {cfg.recipe}, {cfg.parallel.world_size} local ranks, output in {out_dir}", flush=True)
-    return launch.spawn_ranks(cfg.parallel.world_size, "rlhf_dyna.worker", [str(out_dir)], run_dir=out_dir)
+    return launch.spawn_ranks(cfg.parallel.world_size, "rlhf_dyna.worker", [str(out_dir)], run_dir=out_dir, env=QUIET_ENV)

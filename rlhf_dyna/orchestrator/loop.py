@@ -103,13 +103,14 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
     finally:
         if tracker:
             tracker.close()
+        rollout.shutdown()
 
 
 def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync) -> dict[str, float]:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     prompts: list[Example] = task.train_prompts(step, cfg.task.prompts_per_step, rng)  # same on every rank
-    local = generate(cfg, rollout, task, tokenizer, prompts, ctx)
+    local = generate(cfg, rollout, task, tokenizer, prompts, ctx, seed=cfg.trainer.seed * 1_000_003 + step * 10_007)
     timings["timing_s/gen"] = time.perf_counter() - t0
 
     t1 = time.perf_counter()

@@ -65,6 +65,6 @@ def sft_loss() -> LossFn:
         mask = mb["response_mask"]
         nll = -token_logprobs(out.logits, mb["input_ids"])
         loss = aggregate(nll, mask, "token_mean")
-        return loss * global_scale(mask, norm, "token_mean"), {"sft_loss": float(loss) * metric_weight(mb, norm)}
+        return loss * global_scale(mask, norm, "token_mean"), {"sft_loss": float(loss.detach()) * metric_weight(mb, norm)}
 
     return loss_fn

@@ -26,15 +26,16 @@ def prompt_ids(tokenizer: CharTokenizer, example: Example) -> list[int]:
 
 
 def generate(cfg: Config, rollout, task: Task, tokenizer: CharTokenizer, prompts: list[Example], ctx,
-             greedy: bool = False, n: int | None = None) -> list[Sample]:
+             greedy: bool = False, seed: int | None = None) -> list[Sample]:
     """This replica's prompts, n samples each, scored by the task's reward."""
     r = cfg.rollout
-    n = 1 if greedy else (n or r.n)
+    n = 1 if greedy else r.n
     start, mine = replica_slice(prompts, ctx)
     ids = [prompt_ids(tokenizer, e) for e in mine]
     outputs = rollout.generate(
         ids, n=n, temperature=0.0 if greedy else r.temperature, top_p=1.0 if greedy else r.top_p,
         top_k=-1 if greedy else r.top_k, max_tokens=r.max_new_tokens, stop_token_ids=[tokenizer.eos_id],
+        seed=seed,
     )
     samples = []
     for i, (example, p_ids, outs) in enumerate(zip(mine, ids, outputs)):
