@@ -1,0 +1,90 @@
+"""Worker for the live-agreement test: real FSDP2 / DTensor TP on gloo ranks vs the VPS train layout."""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlhf_dyna.models.catalog import catalog_from_config
+from rlhf_dyna.vps.layout import build_layout
+from rlhf_dyna.vps.spec import ParallelSpec
+from rlhf_dyna.vps.tensor import Kind
+
+# Odd sizes so that FSDP's chunks are uneven and some trailing shards are empty.
+CONFIG = dict(hidden_size=10, intermediate_size=14, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=2, head_dim=6, vocab_size=37, tie_word_embeddings=False)
+TP_PLAN = {"model.embed_tokens": RowwiseParallel(), "lm_head": ColwiseParallel()}
+for _i in range(CONFIG["num_hidden_layers"]):
+    for _n in ("q_proj", "k_proj", "v_proj"):
+        TP_PLAN[f"model.layers.{_i}.self_attn.{_n}"] = ColwiseParallel()
+    TP_PLAN[f"model.layers.{_i}.self_attn.o_proj"] = RowwiseParallel()
+    for _n in ("gate_proj", "up_proj"):
+        TP_PLAN[f"model.layers.{_i}.mlp.{_n}"] = ColwiseParallel()
+    TP_PLAN[f"model.layers.{_i}.mlp.down_proj"] = RowwiseParallel()
+
+
+def build(dp: int, tp: int, fsdp: bool) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG)).float()
+    if tp > 1:
+        mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+        parallelize_module(model, mesh["tp"], TP_PLAN)
+        dp_mesh = mesh["dp"]
+    else:
+        dp_mesh = init_device_mesh("cpu", (dp,), mesh_dim_names=("dp",))
+    if fsdp:
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+    return model
+
+
+def check(dp: int, tp: int, fsdp: bool) -> int:
+    rank = dist.get_rank()
+    model = build(dp, tp, fsdp)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p) * (1 + rank)
+    opt.step()
+    spec = ParallelSpec(dp=dp, tp=tp, zero=3 if fsdp else 0)
+    layout = build_layout(catalog_from_config(LlamaConfig(**CONFIG), param_dtype="float32"), spec)
+    pieces = {(p.tensor.name, p.tensor.kind): p for p in layout.pieces(rank)}
+    buffers = layout.buffers(rank)
+    checked = 0
+    for name, param in model.named_parameters():
+        state = opt.state[param]
+        for kind, value in ((Kind.PARAM, param.data), (Kind.EXP_AVG, state["exp_avg"]),
+                            (Kind.EXP_AVG_SQ, state["exp_avg_sq"])):
+            is_dtensor = hasattr(value, "full_tensor")  # TP leaves norms as plain replicated tensors
+            full = value.full_tensor() if is_dtensor else value  # collective: every rank, same order
+            local = value.to_local() if is_dtensor else value
+            piece = pieces.get((name, kind))
+            if piece is None:
+                assert local.numel() == 0, f"rank {rank}: {name} {kind} holds {tuple(local.shape)}, VPS says nothing"
+                continue
+            assert tuple(local.shape) == buffers[piece.buffer].shape, (name, kind, local.shape, buffers[piece.buffer])
+            view = local.contiguous().flatten().as_strided(piece.box.shape, piece.strides, piece.offset)
+            want = full[tuple(slice(a, b) for a, b in zip(piece.box.lo, piece.box.hi))]
+            assert torch.equal(view, want), f"rank {rank}: {name} {kind} {piece.box} differs"
+            checked += 1
+    return checked
+
+
+CASES = {"fsdp4": (4, 1, True), "fsdp2_tp2": (2, 2, True), "ddp2_tp2": (2, 2, False)}
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    for name in sys.argv[1:]:
+        checked = check(*CASES[name])
+        print(f"{name}: rank {dist.get_rank()} checked {checked} pieces", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
