@@ -7,11 +7,21 @@ from pathlib import Path
 from .config import Config
 
 
+def shared_output_dir(out_dir: Path) -> Path:
+    """Under torchrun every rank composed its own Hydra output dir (timestamps differ): use rank 0's."""
+    import torch.distributed as dist
+
+    holder = [str(out_dir)]
+    dist.broadcast_object_list(holder, src=0)
+    return Path(holder[0])
+
+
 def run_rank(cfg: Config, out_dir: Path) -> None:
     from .launch import init_distributed, shutdown_distributed
     from .orchestrator.loop import run_training
 
     dist_info = init_distributed()
+    out_dir = shared_output_dir(out_dir)
     try:
         run_training(cfg, out_dir, dist_info)
     finally:

@@ -75,7 +75,7 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
     tokenizer = CharTokenizer()
     source = model_source(cfg.model, tokenizer.vocab_size)
     actor = build_actor(cfg, source, ctx)
-    model_dir = write_initial_checkpoint(source, actor, tokenizer, out_dir)
+    model_dir = write_initial_checkpoint(source, actor, tokenizer, out_dir, dist_info.node_rank, dist_info.local_rank)
     rollout = VLLMRollout(
         str(model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
         kv_cache_bytes=cfg.rollout.kv_cache_bytes,

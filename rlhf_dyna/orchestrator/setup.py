@@ -104,13 +104,15 @@ def build_reference(cfg: Config, source: ModelSpec | str, actor: TrainEngine) ->
                        micro_batch_size=cfg.algorithm.micro_batch_size)
 
 
-def write_initial_checkpoint(source: ModelSpec | str, actor: TrainEngine, tokenizer: CharTokenizer, out_dir: Path) -> Path:
-    """vLLM opens a model directory; a random-init run writes its initial weights there (rank 0)."""
+def write_initial_checkpoint(source: ModelSpec | str, actor: TrainEngine, tokenizer: CharTokenizer, out_dir: Path,
+                             node_rank: int, local_rank: int) -> Path:
+    """vLLM opens a model directory; a random-init run writes its initial weights there, once per node
+    (nodes need not share a filesystem)."""
     if isinstance(source, str):
         return Path(source)
-    model_dir = out_dir / "model_init"
+    model_dir = out_dir / "model_init" / f"node{node_rank}"
     weights = list(full_state_dict(actor))  # collective: every rank takes part
-    if dist.get_rank() == 0:
+    if local_rank == 0:
         save_hf_dir(weights, make_hf_config(source), model_dir)
         tokenizer.save(model_dir)
     dist.barrier()
