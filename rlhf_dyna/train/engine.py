@@ -61,8 +61,10 @@ class TrainEngine:
         micro_batch_size: int | None = None,
         trainable: bool = True,
         loss_mask_key: str = "response_mask",
+        zero: int = 3,
     ) -> None:
         self.mesh = mesh
+        self.zero = zero  # ZeRO stage on FSDP2; see parallelize.apply_fsdp for what 1/2/3 mean here
         self.precision = precision
         self.micro_batch_size = micro_batch_size
         self.grad_clip = grad_clip
@@ -70,7 +72,7 @@ class TrainEngine:
         self.device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
         if not trainable:
             model.requires_grad_(False)
-        self.model = parallelize(model, mesh, precision)
+        self.model = parallelize(model, mesh, precision, zero)
         self.optimizer = (
             torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay) if trainable else None
         )
@@ -121,9 +123,18 @@ class TrainEngine:
                 summed[key] = summed.get(key, 0.0) + float(value)
         grad_norm = self.clip_gradients()
         self.optimizer.step()
+        if self.zero < 3:
+            self.materialize_replicas()
         keys = sorted(summed)
         averaged = dict(zip(keys, (v / self.dp_size for v in self._dp_sum([summed[k] for k in keys]))))
         return {**averaged, "grad_norm": grad_norm}
+
+    def materialize_replicas(self) -> None:
+        """ZeRO-1/2: re-gather the replicated params from the (just updated) master shards."""
+        reshard(self.model)
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.unshard()
 
     def clip_gradients(self) -> float:
         """Global L2 grad norm; clips to grad_clip when set.
@@ -132,7 +143,8 @@ class TrainEngine:
         the 2-D mesh; torch's clip_grad_norm_ cannot stack norms of different meshes, so norms are taken per
         mesh, made full, combined, and applied per mesh with torch's own helpers."""
         by_mesh: dict[object, list[nn.Parameter]] = {}
-        for p in self.model.parameters():
+        # the optimizer holds the sharded params that carry the grads; with ZeRO-1/2 the module shows the replicas
+        for p in (p for group in self.optimizer.param_groups for p in group["params"]):
             if p.grad is not None:
                 by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
         norms = []
@@ -150,7 +162,8 @@ class TrainEngine:
         self.model.eval()
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}
         out = torch.cat([read(self.forward(mb), mb["input_ids"]).float().cpu() for mb in self._micro_batches(batch)])
-        reshard(self.model)  # the root stays unsharded after a no-grad forward; free it
+        if self.zero == 3:
+            reshard(self.model)  # the root stays unsharded after a no-grad forward; free it
         return out
 
     def logprobs(self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0) -> Tensor:
@@ -169,8 +182,16 @@ def reshard(model: nn.Module) -> None:
 
 
 def full_state_dict(engine: TrainEngine, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
-    """(HF name, full tensor) for every parameter, gathered from FSDP/TP shards; collective: call on every rank."""
+    """(HF name, full tensor) for every parameter, gathered from FSDP/TP shards; collective: call on every rank.
+
+    A tied parameter is gathered once and yielded under each of its names right away (vLLM's in-place
+    reload needs `lm_head.weight` even when tied: a layer that receives no weight gets its old one back)."""
     reshard(engine.model)
-    for name, param in engine.model.named_parameters():
+    aliases: dict[int, list[str]] = {}
+    for name, param in engine.model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(param), []).append(name)
+    for _, param in engine.model.named_parameters():
         full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
-        yield name, full if dtype is None else full.to(dtype)
+        full = full if dtype is None else full.to(dtype)
+        for name in aliases[id(param)]:
+            yield name, full

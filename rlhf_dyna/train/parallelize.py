@@ -42,22 +42,38 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         parallelize_module(model, tp_mesh, plan)
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str) -> None:
-    """FSDP2 per decoder layer plus the root; bf16 computes in bf16 on fp32 master params, reduces grads in fp32."""
+ZERO_STAGES = (1, 2, 3)
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int = 3) -> None:
+    """FSDP2 per decoder layer plus the root; bf16 computes in bf16 on fp32 master params, reduces grads in fp32.
+
+    ZeRO stages on FSDP2 (its sharded parameter is the fp32 master shard that AdamW updates):
+      zero=3: fully_shard defaults: params, grads and optimizer state sharded; params gathered per forward/backward.
+      zero=2: params kept unsharded (replicated over dp) across forward, backward and steps; grads reduce-scattered
+              (sharded); optimizer state and master shards sharded; the engine re-gathers the replicas after each step.
+      zero=1: mapped to the same FSDP2 configuration as zero=2. FSDP2 always reduce-scatters grads, so ZeRO-1's
+              full-gradient residency cannot be expressed; grads never cross a step or a transition, so the state
+              that persists (replicated params, sharded master + AdamW state) is exactly ZeRO-1's."""
+    if zero not in ZERO_STAGES:
+        raise ValueError(f"zero={zero}; valid: {ZERO_STAGES}")
     if precision == "bf16":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     elif precision == "fp32":
         mp = MixedPrecisionPolicy()
     else:
         raise ValueError(f"precision={precision!r}; valid: 'fp32', 'bf16'")
+    keep_replicas = zero < 3
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=dp_mesh, mp_policy=mp)
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp)
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas)
+    if keep_replicas:
+        model.set_reshard_after_backward(False)  # recurses: every FSDP module keeps its gathered params
 
 
-def parallelize(model: nn.Module, mesh: DeviceMesh, precision: str) -> nn.Module:
-    """TP over mesh["tp"] (if > 1), then FSDP2 over mesh["dp"]; parameters keep their HF names."""
+def parallelize(model: nn.Module, mesh: DeviceMesh, precision: str, zero: int = 3) -> nn.Module:
+    """TP over mesh["tp"] (if > 1), then FSDP2 over mesh["dp"] at ZeRO stage `zero`; parameters keep their HF names."""
     if mesh["tp"].size() > 1:
         apply_tensor_parallel(model, mesh["tp"])
-    apply_fsdp(model, mesh["dp"], precision)
+    apply_fsdp(model, mesh["dp"], precision, zero)
     return model

@@ -1,0 +1,180 @@
+"""Online change of the training layout: rebuild a TrainEngine on a new (dp, tp, zero) layout in the same
+processes and carry parameters and AdamW state (exp_avg, exp_avg_sq, step) across.
+
+The new model is built on the meta device, parallelized on the new mesh, materialised empty, and then filled
+by a pluggable `StateMover` from the old engine's live state (`bind_train_state`); the VPS executor plugs in
+there, behind the same call, in place of the torch-only movers of `transition.movers`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
+from transformers import PreTrainedModel
+
+from rlhf_dyna.models.build import ValueModel
+from rlhf_dyna.train.engine import TrainEngine, reshard
+from rlhf_dyna.train.mesh import build_mesh
+from rlhf_dyna.transition.movers import MoveStats, StateKey, StateMover, move_by_full_tensors
+
+OPTIMIZER_KINDS = ("exp_avg", "exp_avg_sq")
+
+
+@dataclass(frozen=True)
+class TrainLayout:
+    dp: int
+    tp: int
+    zero: int = 3  # ZeRO stage as FSDP2 maps it (train.parallelize.apply_fsdp)
+
+    def describe(self) -> str:
+        return f"dp{self.dp}xtp{self.tp}-zero{self.zero}"
+
+
+@dataclass(frozen=True)
+class LayoutSwitch:
+    """From `step` on (before that step trains) the actor trains in layout (dp, tp, zero)."""
+
+    step: int
+    dp: int
+    tp: int
+    zero: int = 3
+
+    @property
+    def layout(self) -> TrainLayout:
+        return TrainLayout(self.dp, self.tp, self.zero)
+
+
+def validate_schedule(schedule: Sequence[LayoutSwitch], world_size: int) -> None:
+    """Refuse a schedule whose steps are not increasing or whose layouts do not fill the world."""
+    steps = [s.step for s in schedule]
+    if steps != sorted(set(steps)):
+        raise ValueError(f"layout switch steps {steps} must be strictly increasing")
+    for switch in schedule:
+        if switch.dp * switch.tp != world_size:
+            raise ValueError(f"layout switch at step {switch.step}: dp={switch.dp} x tp={switch.tp} != world size {world_size}")
+        if switch.zero not in (1, 2, 3):
+            raise ValueError(f"layout switch at step {switch.step}: zero={switch.zero}; valid: 1, 2, 3")
+
+
+def switch_at(schedule: Sequence[LayoutSwitch], step: int) -> TrainLayout | None:
+    """The layout to switch to before `step` trains, or None when the schedule has no switch at `step`."""
+    return next((s.layout for s in schedule if s.step == step), None)
+
+
+def layout_of(engine: TrainEngine) -> TrainLayout:
+    return TrainLayout(engine.mesh["dp"].size(), engine.mesh["tp"].size(), engine.zero)
+
+
+class MeshCache:
+    """One DeviceMesh per (dp, tp): creating process groups is collective and gloo groups hold sockets and
+    threads, so switching back and forth reuses the meshes already built."""
+
+    def __init__(self) -> None:
+        self._meshes: dict[tuple[int, int], DeviceMesh] = {}
+
+    def add(self, mesh: DeviceMesh) -> None:
+        self._meshes.setdefault((mesh["dp"].size(), mesh["tp"].size()), mesh)
+
+    def get(self, dp: int, tp: int) -> DeviceMesh:
+        if (dp, tp) not in self._meshes:
+            self._meshes[(dp, tp)] = build_mesh(dp, tp)
+        return self._meshes[(dp, tp)]
+
+
+MESHES = MeshCache()
+
+
+def _unwrapped_class(model: nn.Module) -> type:
+    """fully_shard swaps the class for FSDP<Class>(FSDPModule, Class); the first non-FSDP class is the original."""
+    return next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
+
+
+def meta_skeleton(model: nn.Module) -> nn.Module:
+    """An unparallelized copy of the model's architecture on the meta device (no memory, no init)."""
+    cls = _unwrapped_class(model)
+    with torch.device("meta"):
+        if issubclass(cls, PreTrainedModel):
+            return cls(model.config)
+        if cls is ValueModel:
+            return ValueModel(model.config, next(model.parameters()).dtype)
+    raise TypeError(f"no skeleton builder for {cls.__name__}; pass model_factory")
+
+
+def bind_train_state(engine: TrainEngine) -> dict[StateKey, Tensor]:
+    """(HF name, kind) -> the live sharded tensor: 'param' is FSDP's sharded (master) parameter, 'exp_avg' and
+    'exp_avg_sq' AdamW's state of it. ZeRO-1/2 replicas are dropped first: they are re-gathered from the shards."""
+    reshard(engine.model)
+    state: dict[StateKey, Tensor] = {}
+    for name, param in engine.model.named_parameters():
+        state[(name, "param")] = param
+        slots = engine.optimizer.state.get(param, {}) if engine.optimizer is not None else {}
+        for kind in OPTIMIZER_KINDS:
+            if kind in slots:
+                state[(name, kind)] = slots[kind]
+    return state
+
+
+def _optimizer_step(engine: TrainEngine) -> Tensor | None:
+    """AdamW's `step` counter (the same for every parameter, a replicated scalar); None before the first step."""
+    if engine.optimizer is None:
+        return None
+    return next((s["step"] for s in engine.optimizer.state.values() if "step" in s), None)
+
+
+def _empty_engine_like(old: TrainEngine, layout: TrainLayout, mesh: DeviceMesh, skeleton: nn.Module) -> TrainEngine:
+    group = old.optimizer.param_groups[0] if old.optimizer is not None else {"lr": 0.0, "weight_decay": 0.0, "betas": (0.9, 0.999)}
+    new = TrainEngine(
+        skeleton, mesh, lr=group["lr"], weight_decay=group["weight_decay"], betas=tuple(group["betas"]),
+        grad_clip=old.grad_clip, precision=old.precision, micro_batch_size=old.micro_batch_size,
+        trainable=old.optimizer is not None, loss_mask_key=old.loss_mask_key, zero=layout.zero,
+    )
+    new.model.to_empty(device=new.device)  # DTensor params are swapped in place: the optimizer's references stay valid
+    with torch.no_grad():  # buffers (rotary frequencies) are replicated in every layout: copy them locally
+        old_buffers = dict(old.model.named_buffers())
+        for name, buffer in new.model.named_buffers():
+            buffer.copy_(old_buffers[name])
+    if new.optimizer is not None:
+        for old_group, new_group in zip(old.optimizer.param_groups, new.optimizer.param_groups):
+            new_group.update({k: v for k, v in old_group.items() if k != "params"})  # lr schedules, per-group settings
+    return new
+
+
+def _allocate_optimizer_state(engine: TrainEngine, step: Tensor) -> None:
+    """AdamW state slots shaped like each (new) sharded param, for the mover to fill."""
+    for param in (p for group in engine.optimizer.param_groups for p in group["params"]):
+        engine.optimizer.state[param] = {
+            "step": step.clone(),
+            "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+        }
+
+
+def relayout(
+    engine: TrainEngine,
+    layout: TrainLayout,
+    mover: StateMover = move_by_full_tensors,
+    model_factory: Callable[[nn.Module], nn.Module] = meta_skeleton,
+    meshes: MeshCache = MESHES,
+) -> tuple[TrainEngine, MoveStats]:
+    """Collective: every rank calls it with the same layout. Returns the engine rebuilt on `layout` holding the
+    same parameters and AdamW state, and the mover's stats. The old engine is consumed (its state is freed)."""
+    meshes.add(engine.mesh)
+    mesh = meshes.get(layout.dp, layout.tp)
+    new = _empty_engine_like(engine, layout, mesh, model_factory(engine.model))
+    step = _optimizer_step(engine)
+    if step is not None:
+        _allocate_optimizer_state(new, step)
+    source, destination = bind_train_state(engine), bind_train_state(new)
+    if source.keys() != destination.keys():
+        raise ValueError(f"state keys differ between layouts: {sorted(source.keys() ^ destination.keys())[:5]}")
+    stats = mover(source, destination)
+    if engine.optimizer is not None:
+        engine.optimizer.state.clear()
+    del source
+    if new.zero < 3:
+        new.materialize_replicas()
+    return new, stats
