@@ -36,6 +36,10 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     rope_theta: float = 10000.0
     initializer_range: float = 0.02  # random-init std; tests raise it so greedy argmax is not a near-tie
+    # special tokens written to config.json; vLLM stops generation at eos_token_id even without a tokenizer
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
 
 
 def make_hf_config(spec: ModelSpec) -> PretrainedConfig:
@@ -58,6 +62,9 @@ def make_hf_config(spec: ModelSpec) -> PretrainedConfig:
         tie_word_embeddings=spec.tie_word_embeddings,
         rope_theta=spec.rope_theta,
         initializer_range=spec.initializer_range,
+        bos_token_id=spec.bos_token_id,
+        eos_token_id=spec.eos_token_id,
+        pad_token_id=spec.pad_token_id,
         architectures=[causal_lm_class],
     )
     return config

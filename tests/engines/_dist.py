@@ -29,9 +29,9 @@ def _rank_main(rank: int, world: int, port: int, ident: str, fn: Callable, args:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         fn(rank, world, *args)
-        dist.barrier()
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # VLLMRollout.shutdown() already tears it down
+            dist.destroy_process_group()
 
 
 # Ranks fork from a server that imported these once: re-importing them per rank costs ~5 s each on 2 cores.

@@ -1,0 +1,123 @@
+"""Generation with real vLLM inside our own ranks (external_launcher: one in-process engine per rank).
+
+Layout: vLLM puts `tp` consecutive ranks in one TP group and numbers the groups (its DP replicas)
+`dp_rank = rank // tp`. Ranks of one TP group must pass identical prompts and sampling arguments;
+each replica gets its own prompt shard. `generate` is collective over the world (the replicas
+agree on when all are done, an idle replica runs dummy batches), so every rank calls it.
+
+Log-probs (vllm 0.32 `logprobs_mode`, see vllm/v1/sample/sampler.py): the default "raw_logprobs" is
+log_softmax of the model's logits *before* temperature / top-k / top-p. We default to
+"processed_logprobs": log_softmax after temperature and top-k/top-p masking, i.e. the distribution
+the token was actually sampled from. With temperature=1 and no top-k/top-p both modes agree and
+equal the train engine's `logprobs(temperature=1)`; with temperature T they equal
+`logprobs(temperature=T)` as long as top-k/top-p are off (otherwise vLLM renormalises over the kept
+tokens). Greedy requests (temperature=0) report raw log-probs in both modes.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch.distributed as dist
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Sample:
+    token_ids: list[int]  # generated tokens (prompt excluded), stop token included if one was hit
+    logprobs: list[float]  # log-prob of each generated token (see module doc for which distribution)
+
+
+class VLLMRollout:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        tp: int = 1,
+        seed: int = 0,
+        max_model_len: int = 512,
+        kv_cache_bytes: int = 64 << 20,
+        dtype: str = "float32",
+        logprobs_mode: str = "processed_logprobs",
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        from vllm import LLM  # deferred: importing vllm costs seconds and the trainer-only paths don't need it
+        from vllm.platforms import current_platform
+
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if world % tp:
+            raise ValueError(f"tp={tp} does not divide the world size {world}")
+        self.tp = tp
+        self.dp_size = world // tp
+        self.dp_rank = (dist.get_rank() if dist.is_initialized() else 0) // tp
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
+        self.llm = LLM(
+            model=str(model_dir),
+            tensor_parallel_size=tp,
+            data_parallel_size=self.dp_size,
+            distributed_executor_backend="external_launcher" if dist.is_initialized() else None,
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            kv_cache_memory_bytes=kv_cache_bytes,  # gpu_memory_utilization is per NUMA node on CPU; fails with many ranks
+            seed=seed,  # identical on every rank: TP peers each sample and must draw the same tokens
+            dtype=dtype,
+            max_model_len=max_model_len,
+            logprobs_mode=logprobs_mode,
+            enable_prefix_caching=enable_prefix_caching,
+            worker_cls="rlhf_dyna.rollout.cpu_worker.ShmIdentCPUWorker" if current_platform.is_cpu() else "auto",
+        )
+
+    @property
+    def tp_group_index(self) -> int:
+        """Which rollout replica (TP group) this rank belongs to; the prompt shard to feed it."""
+        return self.dp_rank
+
+    def generate(
+        self,
+        prompt_token_ids: list[list[int]],
+        n: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        max_tokens: int = 16,
+        stop_token_ids: list[int] | None = None,
+        seed: int | None = None,
+    ) -> list[list[Sample]]:
+        """n samples per prompt, in prompt order. `seed` makes sample j of prompt i use seed + i*n + j;
+        pass a different seed every step, or the same tokens come back for the same prompts."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        def params(i: int) -> SamplingParams:
+            return SamplingParams(
+                n=n, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
+                stop_token_ids=stop_token_ids or [], seed=None if seed is None else seed + i * n,
+                logprobs=0, detokenize=False,  # logprobs=0: only the sampled token's log-prob
+            )
+
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_token_ids]
+        outputs = self.llm.generate(prompts, [params(i) for i in range(len(prompts))], use_tqdm=False)
+        return [
+            [Sample(list(c.token_ids), [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)]) for c in out.outputs]
+            for out in outputs
+        ]
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        """Load full tensors by HF name (checkpoint format; vLLM shards/fuses/repacks them itself),
+        then drop the prefix cache, whose KV was computed with the old weights."""
+        self.llm.collective_rpc(
+            "reload_weights", kwargs=dict(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
+        )
+        self.reset_prefix_cache()
+
+    def reset_prefix_cache(self) -> None:
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset the prefix cache (requests still running?)")
+
+    def shutdown(self) -> None:
+        """The last collective act of a rank: vLLM's EngineCore.shutdown() (also run when the LLM is garbage
+        collected) calls cleanup_dist_env_and_memory(), which destroys the *default* process group too."""
+        dist.barrier()
+        self.llm.llm_engine.engine_core.shutdown()
+        del self.llm
