@@ -86,7 +86,10 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
         run_config = OmegaConf.to_container(OmegaConf.structured(cfg))
         tracker = Tracker(out_dir, asdict(cfg.tracking), cfg.tracking.console, cfg.trainer.total_steps, run_config)
     try:
-        warmup = supervised_warmup(cfg, actor, task, tokenizer, ctx)
+        warmup = {}
+        if cfg.trainer.sft_warmup_steps > 0:  # so the warm-up's share of the final accuracy is on record
+            warmup = {**evaluate(cfg, rollout, task, tokenizer, ctx, prefix="pre_warmup"),
+                      **supervised_warmup(cfg, actor, task, tokenizer, ctx)}
         ref = build_reference(cfg, source, actor) if cfg.algorithm.kl_coef > 0 else None
         critic = build_critic_engine(cfg, source, actor) if cfg.algorithm.name == "ppo" else None
         sync.sync(actor, rollout)
