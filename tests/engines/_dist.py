@@ -35,7 +35,7 @@ def _rank_main(rank: int, world: int, port: int, ident: str, fn: Callable, args:
 
 
 # Ranks fork from a server that imported these once: re-importing them per rank costs ~5 s each on 2 cores.
-PRELOAD = ["torch", "torch.distributed.tensor", "transformers", "rlhf_dyna.models.build", "rlhf_dyna.train.engine"]
+PRELOAD = ["torch", "torch.distributed.tensor", "transformers", "rlhf_dyna.models.build", "rlhf_dyna.train.engine", "vllm"]
 
 
 def run_ranks(fn: Callable, world: int, *args) -> None:
