@@ -94,7 +94,7 @@ def moe_tensors(i: int, d: ModelDims, arch: str) -> list[CatalogTensor]:
     train = f"model.layers.{i}.mlp"
     ckpt = f"model.layers.{i}.block_sparse_moe" if arch == "mixtral" else train
     gate, up, down = ("w1", "w3", "w2") if arch == "mixtral" else ("gate_proj", "up_proj", "down_proj")
-    w13, w2 = f"{ckpt}.experts.w13_weight", f"{ckpt}.experts.w2_weight"
+    w13, w2 = f"{ckpt}.experts.routed_experts.w13_weight", f"{ckpt}.experts.routed_experts.w2_weight"  # vllm 0.32
     return [
         CatalogTensor(f"{ckpt}.gate.weight", Role.ROUTER, i, (e, h), train_name=f"{train}.gate.weight"),
         CatalogTensor(f"{ckpt}.experts.{gate}.weight", Role.EXPERT_GATE, i, (e, inter, h),
