@@ -125,7 +125,8 @@ def _optimizer_step(engine: TrainEngine) -> Tensor | None:
     return next((s["step"] for s in engine.optimizer.state.values() if "step" in s), None)
 
 
-def _empty_engine_like(old: TrainEngine, layout: TrainLayout, mesh: DeviceMesh, skeleton: nn.Module) -> TrainEngine:
+def empty_engine_like(old: TrainEngine, layout: TrainLayout, mesh: DeviceMesh, skeleton: nn.Module) -> TrainEngine:
+    """`old`'s settings on `layout`, with uninitialised parameters (the mover fills them) and `old`'s buffers."""
     group = old.optimizer.param_groups[0] if old.optimizer is not None else {"lr": 0.0, "weight_decay": 0.0, "betas": (0.9, 0.999)}
     new = TrainEngine(
         skeleton, mesh, lr=group["lr"], weight_decay=group["weight_decay"], betas=tuple(group["betas"]),
@@ -143,7 +144,7 @@ def _empty_engine_like(old: TrainEngine, layout: TrainLayout, mesh: DeviceMesh, 
     return new
 
 
-def _allocate_optimizer_state(engine: TrainEngine, step: Tensor) -> None:
+def allocate_optimizer_state(engine: TrainEngine, step: Tensor) -> None:
     """AdamW state slots shaped like each (new) sharded param, for the mover to fill."""
     for param in (p for group in engine.optimizer.param_groups for p in group["params"]):
         engine.optimizer.state[param] = {
@@ -164,10 +165,10 @@ def relayout(
     same parameters and AdamW state, and the mover's stats. The old engine is consumed (its state is freed)."""
     meshes.add(engine.mesh)
     mesh = meshes.get(layout.dp, layout.tp)
-    new = _empty_engine_like(engine, layout, mesh, model_factory(engine.model))
+    new = empty_engine_like(engine, layout, mesh, model_factory(engine.model))
     step = _optimizer_step(engine)
     if step is not None:
-        _allocate_optimizer_state(new, step)
+        allocate_optimizer_state(new, step)
     source, destination = bind_train_state(engine), bind_train_state(new)
     if source.keys() != destination.keys():
         raise ValueError(f"state keys differ between layouts: {sorted(source.keys() ^ destination.keys())[:5]}")

@@ -1,0 +1,74 @@
+"""Measuring transitions: peak extra resident memory of a block, and gloo/NCCL point-to-point bandwidth."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from types import TracebackType
+
+import torch
+import torch.distributed as dist
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+class PeakExtraMemory:
+    """Peak resident memory above the level at entry, sampled every `interval_s` by a thread (CPU ranks).
+
+    Method-agnostic: it sees every buffer a method allocates, torch's or a library's, at the cost of missing
+    peaks shorter than the interval."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        self.interval_s = interval_s
+        self.peak_extra_bytes = 0
+        self._stop = threading.Event()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak_extra_bytes = max(self.peak_extra_bytes, resident_bytes() - self._base)
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> PeakExtraMemory:
+        self._base = resident_bytes()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_extra_bytes = max(self.peak_extra_bytes, resident_bytes() - self._base)
+
+
+def p2p_bandwidth(nbytes: int, repeats: int = 3, concurrent: bool = True) -> float:
+    """Collective: bytes/s one rank receives over the backend's point-to-point path (best of `repeats`).
+
+    Ranks pair up (0<->1, 2<->3, ...) and exchange `nbytes` both ways in one batched call; with
+    concurrent=False only ranks 0 and 1 exchange while the others wait, which is the uncontended rate."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world < 2:
+        raise ValueError("point-to-point bandwidth needs at least 2 ranks")
+    peer = rank ^ 1
+    active = peer < world and (concurrent or rank < 2)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    send = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    recv = torch.empty_like(send)
+    best = float("inf")
+    for attempt in range(repeats + 1):  # the first exchange sets up the connection: not timed
+        dist.barrier()
+        start = time.perf_counter()
+        if active:
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, peer)]):
+                work.wait()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest active pair sets the rate
+        if attempt > 0:
+            best = min(best, float(elapsed))
+    return nbytes / best

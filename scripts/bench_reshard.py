@@ -1,0 +1,317 @@
+"""Resharding benchmark: the same live state moved by every method, side by side, on 4 gloo ranks.
+
+Transitions (source: FSDP2 dp=world, ZeRO-3, fp32, random weights and full AdamW state):
+  train_to_rollout  params -> vLLM-like tp2 x dp2 weights (fused qkv_proj / gate_up_proj), see RolloutTarget
+  dp4_to_dp2tp2     params + exp_avg + exp_avg_sq (+ step) -> a TrainEngine on a dp2 x tp2 mesh
+Methods: vps (slot below), naive, redistribute, checkpoint (DCP save + load, same processes),
+checkpoint_restart (DCP save, then fresh processes: init, build, load), and the floor: the most bytes any one
+rank must receive over the point-to-point bandwidth measured in the same run (all ranks exchanging at once).
+
+    python scripts/bench_reshard.py --sizes 60m,150m,500m --out bench_out
+    python scripts/bench_reshard.py --quick --out /tmp/bench      # tiny model, < 1 min
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import Tensor
+
+from rlhf_dyna.models.build import ModelSpec, make_hf_config
+from rlhf_dyna.train.engine import TrainEngine
+from rlhf_dyna.transition import baselines
+from rlhf_dyna.transition.measure import PeakExtraMemory, p2p_bandwidth
+from rlhf_dyna.transition.movers import MoveStats, StateMover, local_of, move_by_full_tensors
+from rlhf_dyna.transition.relayout import (MeshCache, TrainLayout, allocate_optimizer_state, bind_train_state,
+                                           empty_engine_like, meta_skeleton)
+from rlhf_dyna.transition.rollout_target import RolloutTarget
+
+# ---- VPS slot: the VPS executor plugs in here, moving the same state into the same target. ----
+VPS_TO_ROLLOUT: Callable[[dict[str, Tensor], RolloutTarget], MoveStats] | None = None
+VPS_TRAIN: StateMover | None = None
+
+WORLD = 4
+ROLLOUT_TP = 2
+DST_LAYOUT = TrainLayout(dp=2, tp=2, zero=3)
+
+
+def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int = 32000) -> ModelSpec:
+    return ModelSpec(arch="llama", vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                     num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=2048)
+
+
+SIZES: dict[str, ModelSpec] = {  # parameter counts with untied 32k embeddings
+    "tiny": _llama(128, 256, 2, 4, 2, vocab=1024),  # 0.9M
+    "60m": _llama(512, 1536, 8, 8, 4),  # 58M
+    "150m": _llama(768, 2048, 12, 12, 4),  # 126M
+    "300m": _llama(1024, 2816, 16, 16, 4),  # 268M + 66M embeddings = 334M
+    "500m": _llama(1280, 3456, 25, 20, 4),  # 512M
+}
+
+
+def random_source(spec: ModelSpec, meshes: MeshCache) -> TrainEngine:
+    """dp=world FSDP2 engine with random weights and AdamW state, built shard by shard (no full model per rank)."""
+    with torch.device("meta"):
+        from transformers import LlamaForCausalLM
+
+        skeleton = LlamaForCausalLM(make_hf_config(spec))
+    engine = TrainEngine(skeleton, meshes.get(dist.get_world_size(), 1), lr=1e-4)
+    engine.model.to_empty(device=engine.device)
+    allocate_optimizer_state(engine, torch.tensor(10.0))
+    with torch.no_grad():
+        for (name, kind), tensor in sorted(bind_train_state(engine).items()):
+            seed = zlib.crc32(f"{name}/{kind}/{dist.get_rank()}".encode())
+            local_of(tensor).normal_(generator=torch.Generator().manual_seed(seed))
+            if kind == "exp_avg_sq":
+                local_of(tensor).abs_()
+    return engine
+
+
+@torch.no_grad()
+def fingerprint(tensors: dict[object, Tensor]) -> list[float]:
+    """Position-weighted sums per tensor: equal fingerprints <=> same values in the same places (NaN: unfilled)."""
+    out = []
+    for key in sorted(tensors):
+        flat = local_of(tensors[key]).detach().reshape(-1).double()
+        weights = torch.arange(flat.numel(), dtype=torch.float64).remainder_(97).add_(1)
+        out.append(float(flat.sum()) + float((flat * weights).sum()))
+    return out
+
+
+def _same(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(x == y or abs(x - y) <= 1e-9 * max(abs(x), abs(y)) for x, y in zip(a, b))
+
+
+def _run(method: str, transition: str, fn: Callable[[], MoveStats], dst: dict[object, Tensor], reference: list[float] | None) -> dict:
+    with torch.no_grad():
+        for tensor in dst.values():
+            local_of(tensor).fill_(float("nan"))
+    dist.barrier()
+    with PeakExtraMemory() as memory:
+        stats = fn()
+    dist.barrier()
+    got = fingerprint(dst)
+    return dict(method=method, transition=transition, seconds=stats.seconds, bytes_received=stats.bytes_received,
+                rounds=stats.rounds, peak_extra_bytes=memory.peak_extra_bytes, correct=reference is None or _same(got, reference),
+                fingerprint=got)
+
+
+def rank_main(rank: int, world: int, port: int, size: str, bw_bytes: int, ckpt: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    meshes = MeshCache()
+    mesh2d = meshes.get(DST_LAYOUT.dp, DST_LAYOUT.tp)
+    records: list[dict] = []
+    bandwidth = {"concurrent": p2p_bandwidth(bw_bytes, concurrent=True), "single_pair": p2p_bandwidth(bw_bytes, concurrent=False)}
+    source_engine = random_source(SIZES[size], meshes)
+    source = bind_train_state(source_engine)
+    params = {name: t for (name, kind), t in source.items() if kind == "param"}
+
+    target = RolloutTarget(source_engine.model.config, ROLLOUT_TP, rank % ROLLOUT_TP)
+    must = {"train_to_rollout": baselines.must_receive_rollout(params, target)}
+    naive = _run("naive", "train_to_rollout", lambda: baselines.naive_to_rollout(params, target), target.buffers, None)
+    records.append(naive)
+    records.append(_run("redistribute", "train_to_rollout", lambda: baselines.redistribute_to_rollout(params, target, mesh2d),
+                        target.buffers, naive["fingerprint"]))
+    if VPS_TO_ROLLOUT is not None:
+        records.append(_run("vps", "train_to_rollout", lambda: VPS_TO_ROLLOUT(params, target), target.buffers, naive["fingerprint"]))
+    del target
+
+    dst_engine = empty_engine_like(source_engine, DST_LAYOUT, mesh2d, meta_skeleton(source_engine.model))
+    allocate_optimizer_state(dst_engine, torch.tensor(0.0))
+    destination = bind_train_state(dst_engine)
+    must["dp4_to_dp2tp2"] = baselines.must_receive_train(source, destination)
+    naive = _run("naive", "dp4_to_dp2tp2", lambda: move_by_full_tensors(source, destination), destination, None)
+    records.append(naive)
+    records.append(_run("redistribute", "dp4_to_dp2tp2", lambda: baselines.redistribute_train(source, destination, mesh2d),
+                        destination, naive["fingerprint"]))
+    if VPS_TRAIN is not None:
+        records.append(_run("vps", "dp4_to_dp2tp2", lambda: VPS_TRAIN(source, destination), destination, naive["fingerprint"]))
+    saved: dict[str, float] = {}
+
+    def checkpoint() -> MoveStats:
+        saved["seconds"] = baselines.checkpoint_save(source_engine, Path(ckpt))
+        loaded = baselines.checkpoint_load(dst_engine, Path(ckpt))
+        written = sum(t.numel() * t.element_size() for t in map(local_of, source.values()))
+        read = sum(t.numel() * t.element_size() for t in map(local_of, destination.values()))
+        return MoveStats(saved["seconds"] + loaded, written + read, 2, 0)
+
+    records.append(_run("checkpoint", "dp4_to_dp2tp2", checkpoint, destination, naive["fingerprint"]))
+    gathered: list[object] = [None] * world
+    dist.all_gather_object(gathered, dict(rank=rank, records=records, must_receive=must, bandwidth=bandwidth,
+                                          save_seconds=saved["seconds"], reference=naive["fingerprint"]))
+    if rank == 0:
+        Path(out).write_text(json.dumps(gathered))
+    dist.destroy_process_group()
+
+
+def restart_worker(size: str, ckpt: str, out: str) -> None:
+    """A fresh process of the restarted job: init, build the new layout, load the checkpoint, report its time."""
+    rank = int(os.environ["RANK"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    meshes = MeshCache()
+    with torch.device("meta"):
+        from transformers import LlamaForCausalLM
+
+        skeleton = LlamaForCausalLM(make_hf_config(SIZES[size]))
+    engine = TrainEngine(skeleton, meshes.get(DST_LAYOUT.dp, DST_LAYOUT.tp), lr=1e-4, zero=DST_LAYOUT.zero)
+    engine.model.to_empty(device=engine.device)
+    allocate_optimizer_state(engine, torch.tensor(0.0))
+    baselines.checkpoint_load(engine, Path(ckpt))
+    dist.barrier()
+    done = time.time()
+    Path(f"{out}.{rank}").write_text(json.dumps({"done": done, "fingerprint": fingerprint(bind_train_state(engine))}))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def time_restart(size: str, ckpt: str, work: Path) -> tuple[float, list[list[float]]]:
+    """Seconds from launching fresh ranks to the checkpoint loaded in all of them, and their fingerprints."""
+    port, out = _free_port(), work / f"restart_{size}"
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(WORLD), "OMP_NUM_THREADS": "1"}
+    start = time.time()
+    procs = [subprocess.Popen([sys.executable, __file__, "--restart-worker", "--sizes", size, "--ckpt", ckpt, "--out", str(out)],
+                              env={**env, "RANK": str(r)}) for r in range(WORLD)]
+    if any(p.wait() != 0 for p in procs):
+        raise RuntimeError("a restart worker failed")
+    reports = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(WORLD)]
+    return max(r["done"] for r in reports) - start, [r["fingerprint"] for r in reports]
+
+
+def summarize(size: str, per_rank: list[dict], restart_seconds: float, restart_prints: list[list[float]]) -> list[dict]:
+    """One row per (transition, method): slowest rank's seconds, bytes over all ranks, largest rank's peak."""
+    bandwidth = per_rank[0]["bandwidth"]["concurrent"]
+    rows = []
+    for transition in ("train_to_rollout", "dp4_to_dp2tp2"):
+        must = [r["must_receive"][transition] for r in per_rank]
+        floor = dict(size=size, transition=transition, method="floor", seconds=max(must) / bandwidth, bytes_moved=sum(must),
+                     max_rank_bytes=max(must), peak_extra_bytes=None, correct=True)
+        rows.append(floor)
+        methods = [rec["method"] for rec in per_rank[0]["records"] if rec["transition"] == transition]
+        for method in methods:
+            recs = [next(x for x in r["records"] if x["transition"] == transition and x["method"] == method) for r in per_rank]
+            received = [x["bytes_received"] for x in recs]
+            rows.append(dict(size=size, transition=transition, method=method, seconds=max(x["seconds"] for x in recs),
+                             bytes_moved=sum(received) if min(received) >= 0 else None,
+                             max_rank_bytes=max(received) if min(received) >= 0 else None,
+                             peak_extra_bytes=max(x["peak_extra_bytes"] for x in recs), correct=all(x["correct"] for x in recs)))
+            if method == "checkpoint":
+                save = max(r["save_seconds"] for r in per_rank)
+                correct = all(_same(p, r["reference"]) for p, r in zip(restart_prints, per_rank))
+                rows.append({**rows[-1], "method": "checkpoint_restart", "seconds": save + restart_seconds,
+                             "peak_extra_bytes": None, "correct": correct})
+        naive = next(r["seconds"] for r in rows if r["transition"] == transition and r["method"] == "naive")
+        for row in rows:
+            if row["transition"] == transition:
+                row["x_floor"], row["x_naive"] = row["seconds"] / floor["seconds"], row["seconds"] / naive
+    return rows
+
+
+def _mb(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**20:,.1f}"
+
+
+def print_table(rows: list[dict], params: dict[str, int]) -> None:
+    header = f"{'size':>6} {'transition':<17} {'method':<19} {'seconds':>9} {'x floor':>8} {'x naive':>8} {'MiB moved':>10} {'max rank MiB':>12} {'peak extra MiB':>14} ok"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        size = f"{params[r['size']] / 1e6:.0f}M" if params[r["size"]] >= 1e6 else f"{params[r['size']] / 1e3:.0f}K"
+        print(f"{size:>6} {r['transition']:<17} {r['method']:<19} {r['seconds']:>9.3f} {r['x_floor']:>8.2f} {r['x_naive']:>8.2f} "
+              f"{_mb(r['bytes_moved']):>10} {_mb(r['max_rank_bytes']):>12} {_mb(r['peak_extra_bytes']):>14} {'yes' if r['correct'] else 'NO'}")
+
+
+def plot(rows: list[dict], params: dict[str, int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    transitions = sorted({r["transition"] for r in rows}, reverse=True)
+    fig, axes = plt.subplots(1, len(transitions), figsize=(7 * len(transitions), 4.5), squeeze=False)
+    for ax, transition in zip(axes[0], transitions):
+        mine = [r for r in rows if r["transition"] == transition]
+        sizes = list(dict.fromkeys(r["size"] for r in mine))
+        methods = list(dict.fromkeys(r["method"] for r in mine))
+        width = 0.8 / len(methods)
+        for i, method in enumerate(methods):
+            seconds = [next((r["seconds"] for r in mine if r["size"] == s and r["method"] == method), 0.0) for s in sizes]
+            ax.bar([x + i * width for x in range(len(sizes))], seconds, width, label=method)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(sizes))], [f"{params[s] / 1e6:.0f}M params" for s in sizes])
+        ax.set_yscale("log")
+        ax.set_ylabel("seconds (slowest rank)")
+        ax.set_title(f"{transition} ({WORLD} gloo ranks)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def count_params(spec: ModelSpec) -> int:
+    with torch.device("meta"):
+        from transformers import LlamaForCausalLM
+
+        return sum(p.numel() for p in LlamaForCausalLM(make_hf_config(spec)).parameters())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="60m,150m,500m", help=f"comma-separated, from {sorted(SIZES)}")
+    parser.add_argument("--quick", action="store_true", help="tiny model only, small bandwidth probe (< 1 min)")
+    parser.add_argument("--out", default="bench_out", help="directory for bench_reshard.json and bench_reshard.png")
+    parser.add_argument("--ckpt", default=None, help="checkpoint directory for the DCP baselines (default: under --out)")
+    parser.add_argument("--bw-mib", type=int, default=256, help="message size of the bandwidth probe")
+    parser.add_argument("--restart-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.restart_worker:
+        return restart_worker(args.sizes, args.ckpt, args.out)
+    sizes = ["tiny"] if args.quick else args.sizes.split(",")
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        parser.error(f"unknown sizes {unknown}; valid: {sorted(SIZES)}")
+    bw_bytes = (8 if args.quick else args.bw_mib) * 2**20
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "transformers", "rlhf_dyna.transition.baselines"])
+    params = {s: count_params(SIZES[s]) for s in sizes}
+    rows: list[dict] = []
+    for size in sizes:
+        ckpt = str(Path(args.ckpt or out / "ckpt") / size)
+        result = out / f"ranks_{size}.json"
+        mp.start_processes(rank_main, args=(WORLD, _free_port(), size, bw_bytes, ckpt, str(result)), nprocs=WORLD,
+                           join=True, start_method="forkserver")
+        per_rank = json.loads(result.read_text())
+        restart_seconds, restart_prints = time_restart(size, ckpt, out)
+        rows += summarize(size, per_rank, restart_seconds, restart_prints)
+        bandwidth = per_rank[0]["bandwidth"]
+        print(f"[{size}] gloo p2p: {bandwidth['concurrent'] / 1e9:.2f} GB/s per rank with all ranks exchanging, "
+              f"{bandwidth['single_pair'] / 1e9:.2f} GB/s one pair alone", flush=True)
+    print_table(rows, params)
+    report = dict(world=WORLD, rollout_tp=ROLLOUT_TP, dst_layout=DST_LAYOUT.describe(), params=params,
+                  floor_bandwidth="p2p bytes/s per rank, all ranks exchanging at once (same backend, same run)",
+                  rows=rows, vps_plugged=VPS_TRAIN is not None or VPS_TO_ROLLOUT is not None)
+    (out / "bench_reshard.json").write_text(json.dumps(report, indent=1))
+    plot(rows, params, out / "bench_reshard.png")
+    print(f"wrote {out / 'bench_reshard.json'} and {out / 'bench_reshard.png'}")
+
+
+if __name__ == "__main__":
+    main()
