@@ -53,13 +53,14 @@ class ParallelConfig:
 
 @dataclass
 class ClusterConfig:
-    """Cluster description for the cost model of the dry run."""
+    """Cluster description for the cost model of the dry run (bandwidths per device, one direction)."""
 
     nodes: int = 1
     devices_per_node: int = 8
-    intra_node_gbps: float = 900.0 * 8  # NVLink, per device, Gbit/s
-    inter_node_gbps: float = 200.0  # per device NIC, Gbit/s
-    latency_us: float = 10.0
+    intra_node_gb_per_s: float = 360.0  # NVLink-class, achievable
+    inter_node_gb_per_s: float = 25.0  # one 200 Gb/s NIC per device
+    intra_latency_us: float = 5.0
+    inter_latency_us: float = 10.0
 
 
 @dataclass

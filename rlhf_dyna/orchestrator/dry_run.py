@@ -1,0 +1,72 @@
+"""`dry_run=true`: plan every transition the recipe performs, without devices; table + plan_summary.json."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from ..config import Config
+from ..models.catalog import catalog_from_config
+from ..models.hf_config import hf_config_from_fields
+from ..validate import resolve_dp
+from ..vps.cost import Cluster
+from ..vps.dryrun import Transition, summarize, write_summary
+from ..vps.spec import ParallelSpec, Phase
+
+PARAM_DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "float16": "float16"}
+
+
+def train_spec(cfg: Config) -> ParallelSpec:
+    t = cfg.parallel.train
+    return ParallelSpec(phase=Phase.TRAIN, dp=resolve_dp(t, cfg.parallel.world_size), tp=t.tp, pp=t.pp, cp=t.cp,
+                        ep=t.ep, zero=t.zero, master_weights=cfg.model.dtype != "float32")
+
+
+def rollout_spec(cfg: Config) -> ParallelSpec:
+    return ParallelSpec(phase=Phase.ROLLOUT, dp=cfg.parallel.world_size // cfg.rollout.tp, tp=cfg.rollout.tp)
+
+
+def recipe_transitions(cfg: Config) -> list[Transition]:
+    """Each step moves the trained weights into vLLM's layout; the training copy stays in place."""
+    return [Transition("train_to_rollout", train_spec(cfg), rollout_spec(cfg))]
+
+
+def cluster_of(cfg: Config) -> Cluster:
+    c = cfg.cluster
+    return Cluster(c.nodes, c.devices_per_node, c.intra_node_gb_per_s, c.inter_node_gb_per_s,
+                   c.intra_latency_us * 1e-6, c.inter_latency_us * 1e-6)
+
+
+def model_catalog(cfg: Config):
+    m = cfg.model
+    hf = hf_config_from_fields(
+        m.arch, m.vocab_size, m.hidden_size, m.intermediate_size, m.num_hidden_layers, m.num_attention_heads,
+        m.num_key_value_heads, m.head_dim, m.tie_word_embeddings, m.num_experts, m.num_experts_per_tok,
+        m.moe_intermediate_size,
+    )
+    return catalog_from_config(hf, param_dtype=PARAM_DTYPES[m.dtype])
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.3f}"
+
+
+def print_table(recipe: str, rows: list[dict]) -> None:
+    table = Table(title=f"dry run: {recipe} (predicted on the `cluster` description)")
+    for col in ("transition", "src -> dst", "total GiB", "moved GiB", "min GiB", "rounds", "peak extra GiB/rank",
+                "predicted s", "planning s"):
+        table.add_column(col, justify="left" if col in ("transition", "src -> dst") else "right")
+    for r in rows:
+        table.add_row(r["transition"], f"{r['src']} -> {r['dst']}", gib(r["bytes_total"]), gib(r["bytes_moved"]),
+                      gib(r["bytes_min"]), str(r["rounds"]), gib(r["peak_extra_bytes"]), f"{r['predicted_s']:.3f}",
+                      f"{r['planning_s']:.3f}")
+    Console(width=200).print(table)
+
+
+def run_dry_run(cfg: Config, out_dir: Path) -> list[dict]:
+    rows = summarize(model_catalog(cfg), recipe_transitions(cfg), cluster_of(cfg))
+    print_table(cfg.recipe, rows)
+    path = write_summary(rows, out_dir / "plan_summary.json")
+    print(f"rlhf_dyna: dry run of {cfg.recipe}: {len(rows)} transition(s) planned, summary in {path}")
+    return rows
