@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .schedule import Schedule, chunk_range
+from .schedule import Schedule
 
 
 def inflight(schedule: Schedule) -> np.ndarray:
@@ -46,12 +46,12 @@ def peak_extra_bytes(schedule: Schedule, in_place: bool) -> np.ndarray:
         if not in_place:
             dst_delta[0] += dst_held
             continue
-        k = (c.send_dst - c.send_src) % w
+        stream = schedule.stream_index(c.send_src, c.send_dst)
         release = np.zeros(w, dtype=np.int64)
-        np.maximum.at(release, c.send_src, schedule.last_round[k] + 1)
+        np.maximum.at(release, c.send_src, schedule.last_round[stream] + 1)
         np.add.at(src_delta, (np.minimum(release, n), np.arange(w)), -src_held)
         alloc = np.full(w, n, dtype=np.int64)
-        np.minimum.at(alloc, c.send_dst, schedule.first_round[k])
+        np.minimum.at(alloc, c.send_dst, schedule.first_round[stream])
         alloc[c.copy_rank] = 0
         np.add.at(dst_delta, (np.minimum(alloc, n), np.arange(w)), dst_held)
     live = src_total + np.cumsum(src_delta, axis=0)[:n] + np.cumsum(dst_delta, axis=0)[:n] + inflight(schedule)

@@ -51,9 +51,10 @@ def mesh_pieces(
         boxes.setdefault(Box(tuple(lo), tuple(hi)), []).extend(mesh[index].ravel().tolist())
     out = []
     for box, ranks in boxes.items():
-        if box.empty:
+        shape_ = tuple(h - l for l, h in zip(box.lo, box.hi))
+        if 0 in shape_ and shape_:
             continue
-        bshape, offset, strides = place(box) if place else (box.shape, 0, contiguous_strides(box.shape))
+        bshape, offset, strides = place(box) if place else (shape_, 0, contiguous_strides(shape_))
         out.append((box, Holding(tuple(sorted(ranks)), slot, bshape, offset, strides)))
     return out
 

@@ -81,11 +81,14 @@ def choose_sources(src: Geometry, shard: np.ndarray, region: np.ndarray, dst: np
                    ranks_per_node: int, world: int) -> np.ndarray:
     sptr, sflat = src.holder_arrays()
     replicas = sptr[shard + 1] - sptr[shard]
+    if len(replicas) == 0 or replicas.max() == 1:  # unreplicated sources: nothing to choose
+        return sflat[sptr[shard]]
     nodes = -(-world // ranks_per_node)
     on_node = np.full((len(src.shards), nodes), -1, dtype=np.int64)
     on_node[np.repeat(np.arange(len(src.shards)), np.diff(sptr)), sflat // ranks_per_node] = sflat
     same_node = on_node[shard, dst // ranks_per_node]
-    position = np.arange(len(region)) - np.searchsorted(region, region, side="left")
+    run_start = np.flatnonzero(np.r_[True, region[1:] != region[:-1]])  # region is sorted: one run each
+    position = np.arange(len(region)) - np.repeat(run_start, np.diff(np.r_[run_start, len(region)]))
     rotated = sflat[sptr[shard] + (position + region) % np.maximum(replicas, 1)]
     return np.where(same_node >= 0, same_node, rotated)
 

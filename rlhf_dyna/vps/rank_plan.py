@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .plan import ClassPlan
-from .schedule import Schedule, chunk_range
+from .schedule import Schedule
 from .tensor import Kind
 
 
@@ -73,7 +73,7 @@ def transfers(c: ClassPlan, region: int, src_rank: int, dst_rank: int) -> list[T
 
 
 def for_rank(schedule: Schedule, rank: int) -> RankPlan:
-    plan, w = schedule.plan, schedule.plan.world_size
+    plan = schedule.plan
     copies: list[Transfer] = []
     sends: dict[int, PeerStream] = {}
     recvs: dict[int, PeerStream] = {}
@@ -88,14 +88,9 @@ def for_rank(schedule: Schedule, rank: int) -> RankPlan:
             append(recvs.setdefault(peer, PeerStream(peer)), transfers(c, int(c.send_region[i]), peer, rank))
     rounds = []
     for r in schedule.rounds:
-        out, inn = {}, {}
-        for k in r.offsets:
-            for peer, table, into in (((rank + k) % w, sends, out), ((rank - k) % w, recvs, inn)):
-                if peer in table:
-                    lo, hi = chunk_range(table[peer].nbytes, r.chunk, r.chunks)
-                    if hi > lo:
-                        into[peer] = (int(lo), int(hi))
-        rounds.append(RankRound(out, inn))
+        out, inn = np.flatnonzero(r.src == rank), np.flatnonzero(r.dst == rank)
+        rounds.append(RankRound({int(r.dst[i]): (int(r.lo[i]), int(r.hi[i])) for i in out},
+                                {int(r.src[i]): (int(r.lo[i]), int(r.hi[i])) for i in inn}))
     return RankPlan(rank, copies, sends, recvs, rounds)
 
 

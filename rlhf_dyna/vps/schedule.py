@@ -1,11 +1,13 @@
 """Schedule: rounds of batched point-to-point messages under a per-rank memory budget, deadlock-free.
 
-Rank pairs are ordered by ring offset k = (dst - src) mod world (k = 1 .. world-1; any world size):
-offset k pairs every rank with one send peer and one receive peer.  Consecutive offsets are packed
-into one round while every rank's bytes in flight (sent + received) stay within the budget; an offset
-too big for the budget alone is cut into equal byte chunks over several rounds.  Every rank derives
-the same rounds from the same plan, and a round's sends and receives are matched pairs, so posting
-them all together (batched P2P) cannot deadlock.
+All bytes a source rank sends to a destination rank form one stream (one packed message per pair
+and round).  Each round gives every rank at most budget/2 bytes to send and budget/2 to receive:
+a rank's remaining streams share its allowance in proportion to their remaining bytes (the stricter
+of the sender's and the receiver's shares wins), so the busiest ranks are saturated every round and
+the round count is close to max(bytes per rank) / (budget / 2).  Every stream travels in order, as
+consecutive byte ranges.  Every rank derives the same rounds from the same plan (integer and
+float64 arithmetic in a fixed order), and a round's sends and receives are matched pairs, so posting
+them all together (batched P2P) cannot deadlock, whatever the world size.
 """
 from __future__ import annotations
 
@@ -16,11 +18,14 @@ import numpy as np
 from .plan import Plan
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Round:
-    offsets: tuple[int, ...]  # ring offsets k whose pair messages travel in this round
-    chunk: int  # which byte chunk of those messages (0 .. chunks-1)
-    chunks: int
+    """Messages of one round: stream (src -> dst) bytes [lo, hi)."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
 
 
 @dataclass(eq=False)
@@ -28,8 +33,10 @@ class Schedule:
     plan: Plan
     budget_bytes: int
     rounds: list[Round]
-    pair_bytes: np.ndarray  # [world, world]
-    first_round: np.ndarray  # [world] per ring offset: first / last round carrying it (-1: unused)
+    stream_src: np.ndarray  # one entry per (src, dst) stream, sorted by (src, dst)
+    stream_dst: np.ndarray
+    stream_bytes: np.ndarray
+    first_round: np.ndarray  # per stream: first and last round carrying it
     last_round: np.ndarray
 
     @property
@@ -38,63 +45,42 @@ class Schedule:
 
     def round_pairs(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(src, dst, bytes) of the messages of round i."""
-        r, w = self.rounds[i], self.plan.world_size
-        srcs, dsts, sizes = [], [], []
-        for k in r.offsets:
-            s = np.arange(w)
-            d = (s + k) % w
-            b = self.pair_bytes[s, d]
-            keep = b > 0
-            lo, hi = chunk_range(b[keep], r.chunk, r.chunks)
-            srcs.append(s[keep])
-            dsts.append(d[keep])
-            sizes.append(hi - lo)
-        if not srcs:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
-        return np.concatenate(srcs), np.concatenate(dsts), np.concatenate(sizes)
+        r = self.rounds[i]
+        return r.src, r.dst, (r.hi - r.lo).astype(np.float64)
+
+    def stream_index(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        w = self.plan.world_size
+        keys = self.stream_src * w + self.stream_dst
+        return np.searchsorted(keys, np.asarray(src) * w + np.asarray(dst))
 
 
-def chunk_range(nbytes, chunk: int, chunks: int):
-    """Byte range [lo, hi) of chunk `chunk` when a message of `nbytes` is cut into `chunks` equal parts."""
-    size = -(-np.asarray(nbytes) // chunks)
-    lo = np.minimum(size * chunk, nbytes)
-    return lo, np.minimum(size * (chunk + 1), nbytes)
-
-
-def build_schedule(plan: Plan, budget_bytes: int = 1 << 30) -> Schedule:
+def build_schedule(plan: Plan, budget_bytes: int = 4 << 30) -> Schedule:
     w = plan.world_size
     pairs = plan.pair_bytes()
-    ranks = np.arange(w)
+    src, dst = np.nonzero(pairs)
+    total = np.rint(pairs[src, dst]).astype(np.int64)
+    remaining, done = total.copy(), np.zeros_like(total)
+    first, last = np.full(len(total), -1, np.int64), np.full(len(total), -1, np.int64)
+    half = max(1, budget_bytes // 2)
     rounds: list[Round] = []
-    first = np.full(w, -1, dtype=np.int64)
-    last = np.full(w, -1, dtype=np.int64)
-    open_offsets: list[int] = []
-    open_load = np.zeros(w)
-
-    def close() -> None:
-        nonlocal open_offsets, open_load
-        if open_offsets:
-            for k in open_offsets:
-                first[k] = last[k] = len(rounds)
-            rounds.append(Round(tuple(open_offsets), 0, 1))
-        open_offsets, open_load = [], np.zeros(w)
-
-    for k in range(1, w):
-        out = pairs[ranks, (ranks + k) % w]
-        if not out.any():
-            continue
-        load = out + out[(ranks - k) % w]  # bytes sent to rank+k plus received from rank-k
-        peak = load.max()
-        if peak > budget_bytes:
-            close()
-            chunks = int(-(-peak // budget_bytes))
-            first[k] = len(rounds)
-            rounds.extend(Round((k,), i, chunks) for i in range(chunks))
-            last[k] = len(rounds) - 1
-            continue
-        if (open_load + load).max() > budget_bytes:
-            close()
-        open_offsets.append(k)
-        open_load = open_load + load
-    close()
-    return Schedule(plan, budget_bytes, rounds, pairs, first, last)
+    while True:
+        active = np.flatnonzero(remaining)
+        if not len(active):
+            break
+        s, d, rem = src[active], dst[active], remaining[active]
+        send_total = np.bincount(s, rem, minlength=w)
+        recv_total = np.bincount(d, rem, minlength=w)
+        share = np.minimum(1.0, np.minimum(half / send_total[s], half / recv_total[d]))
+        # (1 - 1e-12): float rounding must never push a rank above its allowance
+        take = np.where(share >= 1.0, rem, np.floor(rem * share * (1 - 1e-12))).astype(np.int64)
+        if not take.any():  # allowances smaller than the stream count: one stream at a time
+            take[0] = min(int(rem[0]), half)
+        moving = active[take > 0]
+        lo = done[moving]
+        hi = lo + take[take > 0]
+        first[moving] = np.where(first[moving] < 0, len(rounds), first[moving])
+        last[moving] = len(rounds)
+        rounds.append(Round(src[moving], dst[moving], lo, hi))
+        done[moving] = hi
+        remaining[moving] -= take[take > 0]
+    return Schedule(plan, budget_bytes, rounds, src, dst, total, first, last)
