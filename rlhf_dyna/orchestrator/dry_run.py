@@ -4,11 +4,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..config import Config
 from ..models.catalog import catalog_from_config
 from ..models.hf_config import hf_config_from_fields
+from ..tasks.tokenizer import CharTokenizer
 from ..validate import resolve_dp
 from ..vps.cost import Cluster
 from ..vps.dryrun import Transition, summarize, write_summary
@@ -40,27 +42,32 @@ def cluster_of(cfg: Config) -> Cluster:
 
 def model_catalog(cfg: Config):
     m = cfg.model
+    vocab = m.vocab_size if m.path is not None else CharTokenizer().vocab_size  # tiny runs use the task vocabulary
     hf = hf_config_from_fields(
-        m.arch, m.vocab_size, m.hidden_size, m.intermediate_size, m.num_hidden_layers, m.num_attention_heads,
+        m.arch, vocab, m.hidden_size, m.intermediate_size, m.num_hidden_layers, m.num_attention_heads,
         m.num_key_value_heads, m.head_dim, m.tie_word_embeddings, m.num_experts, m.num_experts_per_tok,
         m.moe_intermediate_size,
     )
     return catalog_from_config(hf, param_dtype=PARAM_DTYPES[m.dtype])
 
 
-def gib(n: float) -> str:
-    return f"{n / 2**30:.3f}"
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def print_table(recipe: str, rows: list[dict]) -> None:
     table = Table(title=f"dry run: {recipe} (predicted on the `cluster` description)")
-    for col in ("transition", "src -> dst", "total GiB", "moved GiB", "min GiB", "rounds", "peak extra GiB/rank",
+    for col in ("transition", "src -> dst", "total", "moved", "minimum", "rounds", "peak extra / rank",
                 "predicted s", "planning s"):
         table.add_column(col, justify="left" if col in ("transition", "src -> dst") else "right")
     for r in rows:
-        table.add_row(r["transition"], f"{r['src']} -> {r['dst']}", gib(r["bytes_total"]), gib(r["bytes_moved"]),
-                      gib(r["bytes_min"]), str(r["rounds"]), gib(r["peak_extra_bytes"]), f"{r['predicted_s']:.3f}",
-                      f"{r['planning_s']:.3f}")
+        table.add_row(r["transition"], escape(f"{r['src']} -> {r['dst']}"), human_bytes(r["bytes_total"]),
+                      human_bytes(r["bytes_moved"]), human_bytes(r["bytes_min"]), str(r["rounds"]),
+                      human_bytes(r["peak_extra_bytes"]), f"{r['predicted_s']:.4f}", f"{r['planning_s']:.3f}")
     Console(width=200).print(table)
 
 

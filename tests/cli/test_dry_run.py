@@ -24,5 +24,5 @@ def test_dry_run_plans_every_recipe(recipe, tmp_path):
         for field in FIELDS:
             assert field in row
         assert row["bytes_moved"] == row["bytes_min"] > 0
-        assert row["predicted_s"] > 0 and row["rounds"] >= 1
+        assert row["predicted_s"] >= 0 and row["rounds"] >= 1
     assert not list(tmp_path.glob("rank*.log")), "a dry run must not spawn ranks"
