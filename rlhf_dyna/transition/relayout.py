@@ -20,6 +20,7 @@ from rlhf_dyna.models.build import ValueModel
 from rlhf_dyna.train.engine import TrainEngine, reshard
 from rlhf_dyna.train.mesh import build_mesh
 from rlhf_dyna.transition.movers import MoveStats, StateKey, StateMover, move_by_full_tensors
+from rlhf_dyna.transition.trace import TraceRecorder
 
 OPTIMIZER_KINDS = ("exp_avg", "exp_avg_sq")
 
@@ -160,9 +161,11 @@ def relayout(
     mover: StateMover = move_by_full_tensors,
     model_factory: Callable[[nn.Module], nn.Module] = meta_skeleton,
     meshes: MeshCache = MESHES,
+    recorder: TraceRecorder | None = None,
 ) -> tuple[TrainEngine, MoveStats]:
     """Collective: every rank calls it with the same layout. Returns the engine rebuilt on `layout` holding the
-    same parameters and AdamW state, and the mover's stats. The old engine is consumed (its state is freed)."""
+    same parameters and AdamW state, and the mover's stats. The old engine is consumed (its state is freed).
+    With a recorder, the move is one trace event (a round-level trace is the VPS executor's to record)."""
     meshes.add(engine.mesh)
     mesh = meshes.get(layout.dp, layout.tp)
     new = empty_engine_like(engine, layout, mesh, model_factory(engine.model))
@@ -172,7 +175,12 @@ def relayout(
     source, destination = bind_train_state(engine), bind_train_state(new)
     if source.keys() != destination.keys():
         raise ValueError(f"state keys differ between layouts: {sorted(source.keys() ^ destination.keys())[:5]}")
-    stats = mover(source, destination)
+    if recorder is None:
+        stats = mover(source, destination)
+    else:
+        with recorder.span(f"relayout {layout_of(engine).describe()} -> {layout.describe()}", 0) as args:
+            stats = mover(source, destination)
+            args.update(bytes_received=stats.bytes_received, rounds=stats.rounds)
     if engine.optimizer is not None:
         engine.optimizer.state.clear()
     del source

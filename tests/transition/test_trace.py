@@ -51,7 +51,7 @@ def _gather(rank: int, world: int, out: str) -> None:
     dist.barrier()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_gather_trace_collects_every_rank_on_rank0(tmp_path: Path) -> None:
     run_ranks(_gather, 3, str(tmp_path / "trace.json"))
     spans = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"] if e["ph"] == "X"]

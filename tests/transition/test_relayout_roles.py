@@ -1,0 +1,46 @@
+"""Relayout of the other engines the loop keeps on the actor's mesh: the critic (ValueModel) and the frozen reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhf_dyna.models.build import build_critic, build_policy
+from rlhf_dyna.train.engine import TrainEngine
+from rlhf_dyna.train.mesh import build_mesh
+from rlhf_dyna.transition.metrics import transition_metrics
+from rlhf_dyna.transition.relayout import TrainLayout, relayout
+from rlhf_dyna.transition.trace import TraceRecorder
+from tests.engines._common import random_batch
+from tests.engines._dist import run_ranks
+from tests.transition.test_relayout import SPEC
+
+
+def _roles(rank: int, world: int) -> None:
+    mesh = build_mesh(world, 1)
+    batch = random_batch(seed=7, batch=2)
+    critic = TrainEngine(build_critic(SPEC, seed=1), mesh, lr=1e-2)
+    critic.step(batch, lambda out, mb, norm: ((out.values * mb["response_mask"]).pow(2).sum() / norm.num_tokens, {}))
+    reference = TrainEngine(build_policy(SPEC, seed=2), mesh, trainable=False)
+    values = critic.values(batch["input_ids"], batch["attention_mask"])
+    logprobs = reference.logprobs(batch["input_ids"], batch["attention_mask"])
+
+    recorder = TraceRecorder(rank)
+    layout = TrainLayout(dp=1, tp=world, zero=3)
+    critic, stats = relayout(critic, layout, recorder=recorder)
+    reference, _ = relayout(reference, layout)
+    assert reference.optimizer is None and critic.mesh is reference.mesh  # one mesh per layout, shared
+    # same outputs after the move: weights, and buffers such as the rotary frequencies, came across
+    torch.testing.assert_close(critic.values(batch["input_ids"], batch["attention_mask"]), values, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(reference.logprobs(batch["input_ids"], batch["attention_mask"]), logprobs, rtol=1e-5, atol=1e-6)
+    assert critic.step(batch, lambda out, mb, n: (out.values.pow(2).mean(), {}))["loss"] >= 0
+
+    metrics = transition_metrics(stats, "relayout")
+    assert metrics["reshard/relayout/bytes_moved"] > stats.bytes_received > 0
+    assert metrics["reshard/relayout/rounds"] == stats.rounds
+    (event,) = recorder.events
+    assert event.rank == rank and event.args["bytes_received"] == stats.bytes_received
+
+
+@pytest.mark.timeout(120)
+def test_critic_and_frozen_reference_relayout_give_the_same_outputs() -> None:
+    run_ranks(_roles, 2)
