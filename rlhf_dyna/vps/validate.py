@@ -77,10 +77,11 @@ def validate_rollout(spec: ParallelSpec, dims: ModelDims) -> None:
 
     if spec.cp != 1 or spec.dp_replicate != 1 or spec.etp != 1:
         raise SpecError("rollout specs take dp, vllm_dp, pp, tp, ep only; valid cp, dp_replicate, etp: 1")
-    if spec.tp >= dims.num_kv_heads:
-        require_divides("num_key_value_heads", dims.num_kv_heads, "tp", spec.tp)
-    else:
-        require_divides("tp", spec.tp, "num_key_value_heads", dims.num_kv_heads)
+    kv = dims.num_kv_heads
+    if spec.tp % kv and kv % spec.tp:
+        valid = [t for t in divisors(dims.num_heads) if t % kv == 0 or kv % t == 0]
+        raise SpecError(f"tp={spec.tp} neither divides nor is a multiple of num_key_value_heads={kv} "
+                        f"(vLLM replicates KV heads only when tp is a multiple); valid tp: {', '.join(map(str, valid))}")
     require_divides("tp", spec.tp, "padded vocab_size", pad_to_multiple(dims.vocab, 64))
     moe_group = spec.vllm_dp * spec.tp
     if dims.num_experts:
