@@ -13,7 +13,7 @@ from .validate import ConfigError, validate, wants_cuda
 
 RESOLVED_CONFIG = "config_resolved.yaml"
 # vLLM logs every engine detail at INFO; wandb advertises its products: keep the per-step lines readable.
-QUIET_ENV = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+QUIET_ENV = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
              "WANDB_SILENT": os.environ.get("WANDB_SILENT", "true")}
 
 
