@@ -46,7 +46,7 @@ def summarize(catalog: ModelCatalog, transitions: list[Transition], cluster: Clu
             bytes_total=plan.state_bytes, bytes_moved=plan.moved_bytes, bytes_min=plan.min_bytes,
             bytes_local=plan.local_bytes, rounds=schedule.num_rounds,
             peak_extra_bytes=int(peak_extra_bytes(schedule, t.in_place).max(initial=0)),
-            predicted_s=round(predict_seconds(schedule, cluster), 4), planning_s=round(planning_s, 4),
+            predicted_s=float(f"{predict_seconds(schedule, cluster):.6g}"), planning_s=float(f"{planning_s:.4g}"),
         ))
     return rows
 
