@@ -7,7 +7,7 @@ there, behind the same call, in place of the torch-only movers of `transition.mo
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
