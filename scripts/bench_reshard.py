@@ -61,15 +61,16 @@ SIZES: dict[str, ModelSpec] = {  # parameter counts with untied 32k embeddings
 }
 
 
-def random_source(spec: ModelSpec, meshes: MeshCache) -> TrainEngine:
-    """dp=world FSDP2 engine with random weights and AdamW state, built shard by shard (no full model per rank)."""
+def random_source(spec: ModelSpec, meshes: MeshCache, adamw_state: bool) -> TrainEngine:
+    """dp=world FSDP2 engine with random weights (and AdamW state), built shard by shard (no full model per rank)."""
     with torch.device("meta"):
         from transformers import LlamaForCausalLM
 
         skeleton = LlamaForCausalLM(make_hf_config(spec))
     engine = TrainEngine(skeleton, meshes.get(dist.get_world_size(), 1), lr=1e-4)
     engine.model.to_empty(device=engine.device)
-    allocate_optimizer_state(engine, torch.tensor(10.0))
+    if adamw_state:
+        allocate_optimizer_state(engine, torch.tensor(10.0))
     with torch.no_grad():
         for (name, kind), tensor in sorted(bind_train_state(engine).items()):
             seed = zlib.crc32(f"{name}/{kind}/{dist.get_rank()}".encode())
@@ -108,36 +109,27 @@ def _run(method: str, transition: str, fn: Callable[[], MoveStats], dst: dict[ob
                 fingerprint=got)
 
 
-def rank_main(rank: int, world: int, port: int, size: str, bw_bytes: int, ckpt: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    meshes = MeshCache()
-    mesh2d = meshes.get(DST_LAYOUT.dp, DST_LAYOUT.tp)
-    records: list[dict] = []
-    bandwidth = {"concurrent": p2p_bandwidth(bw_bytes, concurrent=True), "single_pair": p2p_bandwidth(bw_bytes, concurrent=False)}
-    source_engine = random_source(SIZES[size], meshes)
-    source = bind_train_state(source_engine)
-    params = {name: t for (name, kind), t in source.items() if kind == "param"}
-
-    target = RolloutTarget(source_engine.model.config, ROLLOUT_TP, rank % ROLLOUT_TP)
-    must = {"train_to_rollout": baselines.must_receive_rollout(params, target)}
+def bench_to_rollout(source_engine: TrainEngine, mesh2d) -> tuple[list[dict], int]:
+    params = {name: t for (name, kind), t in bind_train_state(source_engine).items() if kind == "param"}
+    target = RolloutTarget(source_engine.model.config, ROLLOUT_TP, dist.get_rank() % ROLLOUT_TP)
+    must = baselines.must_receive_rollout(params, target)
     naive = _run("naive", "train_to_rollout", lambda: baselines.naive_to_rollout(params, target), target.buffers, None)
-    records.append(naive)
-    records.append(_run("redistribute", "train_to_rollout", lambda: baselines.redistribute_to_rollout(params, target, mesh2d),
-                        target.buffers, naive["fingerprint"]))
+    records = [naive, _run("redistribute", "train_to_rollout", lambda: baselines.redistribute_to_rollout(params, target, mesh2d),
+                           target.buffers, naive["fingerprint"])]
     if VPS_TO_ROLLOUT is not None:
         records.append(_run("vps", "train_to_rollout", lambda: VPS_TO_ROLLOUT(params, target), target.buffers, naive["fingerprint"]))
-    del target
+    return records, must
 
+
+def bench_train_to_train(source_engine: TrainEngine, mesh2d, ckpt: str) -> tuple[list[dict], int, dict]:
+    source = bind_train_state(source_engine)
     dst_engine = empty_engine_like(source_engine, DST_LAYOUT, mesh2d, meta_skeleton(source_engine.model))
     allocate_optimizer_state(dst_engine, torch.tensor(0.0))
     destination = bind_train_state(dst_engine)
-    must["dp4_to_dp2tp2"] = baselines.must_receive_train(source, destination)
+    must = baselines.must_receive_train(source, destination)
     naive = _run("naive", "dp4_to_dp2tp2", lambda: move_by_full_tensors(source, destination), destination, None)
-    records.append(naive)
-    records.append(_run("redistribute", "dp4_to_dp2tp2", lambda: baselines.redistribute_train(source, destination, mesh2d),
-                        destination, naive["fingerprint"]))
+    records = [naive, _run("redistribute", "dp4_to_dp2tp2", lambda: baselines.redistribute_train(source, destination, mesh2d),
+                           destination, naive["fingerprint"])]
     if VPS_TRAIN is not None:
         records.append(_run("vps", "dp4_to_dp2tp2", lambda: VPS_TRAIN(source, destination), destination, naive["fingerprint"]))
     saved: dict[str, float] = {}
@@ -150,9 +142,27 @@ def rank_main(rank: int, world: int, port: int, size: str, bw_bytes: int, ckpt: 
         return MoveStats(saved["seconds"] + loaded, written + read, 2, 0)
 
     records.append(_run("checkpoint", "dp4_to_dp2tp2", checkpoint, destination, naive["fingerprint"]))
+    return records, must, dict(save_seconds=saved["seconds"], reference=naive["fingerprint"])
+
+
+def rank_main(rank: int, world: int, port: int, size: str, transitions: list[str], bw_bytes: int, ckpt: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    meshes = MeshCache()
+    mesh2d = meshes.get(DST_LAYOUT.dp, DST_LAYOUT.tp)
+    bandwidth = {"concurrent": p2p_bandwidth(bw_bytes, concurrent=True), "single_pair": p2p_bandwidth(bw_bytes, concurrent=False)}
+    source_engine = random_source(SIZES[size], meshes, adamw_state="dp4_to_dp2tp2" in transitions)
+    report: dict = dict(rank=rank, records=[], must_receive={}, bandwidth=bandwidth)
+    if "train_to_rollout" in transitions:
+        records, report["must_receive"]["train_to_rollout"] = bench_to_rollout(source_engine, mesh2d)
+        report["records"] += records
+    if "dp4_to_dp2tp2" in transitions:
+        records, report["must_receive"]["dp4_to_dp2tp2"], checkpoint = bench_train_to_train(source_engine, mesh2d, ckpt)
+        report["records"] += records
+        report.update(checkpoint)
     gathered: list[object] = [None] * world
-    dist.all_gather_object(gathered, dict(rank=rank, records=records, must_receive=must, bandwidth=bandwidth,
-                                          save_seconds=saved["seconds"], reference=naive["fingerprint"]))
+    dist.all_gather_object(gathered, report)
     if rank == 0:
         Path(out).write_text(json.dumps(gathered))
     dist.destroy_process_group()
@@ -197,11 +207,11 @@ def time_restart(size: str, ckpt: str, work: Path) -> tuple[float, list[list[flo
     return max(r["done"] for r in reports) - start, [r["fingerprint"] for r in reports]
 
 
-def summarize(size: str, per_rank: list[dict], restart_seconds: float, restart_prints: list[list[float]]) -> list[dict]:
+def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[float]]] | None) -> list[dict]:
     """One row per (transition, method): slowest rank's seconds, bytes over all ranks, largest rank's peak."""
     bandwidth = per_rank[0]["bandwidth"]["concurrent"]
     rows = []
-    for transition in ("train_to_rollout", "dp4_to_dp2tp2"):
+    for transition in per_rank[0]["must_receive"]:
         must = [r["must_receive"][transition] for r in per_rank]
         floor = dict(size=size, transition=transition, method="floor", seconds=max(must) / bandwidth, bytes_moved=sum(must),
                      max_rank_bytes=max(must), peak_extra_bytes=None, correct=True)
@@ -214,7 +224,8 @@ def summarize(size: str, per_rank: list[dict], restart_seconds: float, restart_p
                              bytes_moved=sum(received) if min(received) >= 0 else None,
                              max_rank_bytes=max(received) if min(received) >= 0 else None,
                              peak_extra_bytes=max(x["peak_extra_bytes"] for x in recs), correct=all(x["correct"] for x in recs)))
-            if method == "checkpoint":
+            if method == "checkpoint" and restart is not None:
+                restart_seconds, restart_prints = restart
                 save = max(r["save_seconds"] for r in per_rank)
                 correct = all(_same(p, r["reference"]) for p, r in zip(restart_prints, per_rank))
                 rows.append({**rows[-1], "method": "checkpoint_restart", "seconds": save + restart_seconds,
@@ -265,6 +276,22 @@ def plot(rows: list[dict], params: dict[str, int], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def available_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+
+
+def estimated_bytes(params: int, transitions: list[str]) -> int:
+    """All ranks together at the largest phase: source + destination fp32 state, plus ~1 GB per process (torch,
+    transfer buffers, allocator slack: measured ~0.9-1.4 GB above the state at 500M)."""
+    per_rank = []
+    if "train_to_rollout" in transitions:
+        per_rank.append(params * 4 / WORLD + params * 4 / ROLLOUT_TP)
+    if "dp4_to_dp2tp2" in transitions:
+        per_rank.append(2 * 3 * params * 4 / WORLD)
+    return int(WORLD * (max(per_rank) + 1.0e9))
+
+
 def count_params(spec: ModelSpec) -> int:
     with torch.device("meta"):
         from transformers import LlamaForCausalLM
@@ -278,6 +305,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny model only, small bandwidth probe (< 1 min)")
     parser.add_argument("--out", default="bench_out", help="directory for bench_reshard.json and bench_reshard.png")
     parser.add_argument("--ckpt", default=None, help="checkpoint directory for the DCP baselines (default: under --out)")
+    parser.add_argument("--transitions", default="train_to_rollout,dp4_to_dp2tp2", help="comma-separated subset")
     parser.add_argument("--bw-mib", type=int, default=256, help="message size of the bandwidth probe")
     parser.add_argument("--restart-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -287,6 +315,9 @@ def main() -> None:
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
         parser.error(f"unknown sizes {unknown}; valid: {sorted(SIZES)}")
+    transitions = args.transitions.split(",")
+    if not set(transitions) <= {"train_to_rollout", "dp4_to_dp2tp2"}:
+        parser.error(f"--transitions {args.transitions}: valid are train_to_rollout, dp4_to_dp2tp2")
     bw_bytes = (8 if args.quick else args.bw_mib) * 2**20
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -294,20 +325,26 @@ def main() -> None:
     params = {s: count_params(SIZES[s]) for s in sizes}
     rows: list[dict] = []
     for size in sizes:
+        need, free = estimated_bytes(params[size], transitions), available_bytes()
+        if need > 0.9 * free:  # the machine is shared: never push it into the OOM killer
+            print(f"[{size}] skipped: needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB available", flush=True)
+            continue
         ckpt = str(Path(args.ckpt or out / "ckpt") / size)
         result = out / f"ranks_{size}.json"
-        mp.start_processes(rank_main, args=(WORLD, _free_port(), size, bw_bytes, ckpt, str(result)), nprocs=WORLD,
-                           join=True, start_method="forkserver")
+        mp.start_processes(rank_main, args=(WORLD, _free_port(), size, transitions, bw_bytes, ckpt, str(result)),
+                           nprocs=WORLD, join=True, start_method="forkserver")
         per_rank = json.loads(result.read_text())
-        restart_seconds, restart_prints = time_restart(size, ckpt, out)
-        rows += summarize(size, per_rank, restart_seconds, restart_prints)
+        restart = time_restart(size, ckpt, out) if "dp4_to_dp2tp2" in transitions else None
+        rows += summarize(size, per_rank, restart)
         bandwidth = per_rank[0]["bandwidth"]
         print(f"[{size}] gloo p2p: {bandwidth['concurrent'] / 1e9:.2f} GB/s per rank with all ranks exchanging, "
               f"{bandwidth['single_pair'] / 1e9:.2f} GB/s one pair alone", flush=True)
+    if not rows:
+        raise SystemExit("every size was skipped: not enough memory available")
     print_table(rows, params)
     report = dict(world=WORLD, rollout_tp=ROLLOUT_TP, dst_layout=DST_LAYOUT.describe(), params=params,
                   floor_bandwidth="p2p bytes/s per rank, all ranks exchanging at once (same backend, same run)",
-                  rows=rows, vps_plugged=VPS_TRAIN is not None or VPS_TO_ROLLOUT is not None)
+                  transitions=transitions, rows=rows, vps_plugged=VPS_TRAIN is not None or VPS_TO_ROLLOUT is not None)
     (out / "bench_reshard.json").write_text(json.dumps(report, indent=1))
     plot(rows, params, out / "bench_reshard.png")
     print(f"wrote {out / 'bench_reshard.json'} and {out / 'bench_reshard.png'}")
