@@ -36,6 +36,11 @@ def _full_state(engine: TrainEngine) -> dict[tuple[str, str], torch.Tensor]:
     return {k: (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone() for k, t in bind_train_state(engine).items()}
 
 
+def _params_sharded_over_dp(engine: TrainEngine) -> bool:
+    """The module's registered params: FSDP's dp-sharded DTensors (ZeRO-3), or gathered replicas (ZeRO-1/2)."""
+    return all(isinstance(p, DTensor) and "dp" in p.device_mesh.mesh_dim_names for p in engine.model.parameters())
+
+
 def _step_counter(engine: TrainEngine) -> list[float]:
     return sorted({float(s["step"]) for s in engine.optimizer.state.values()})
 
@@ -50,6 +55,7 @@ def _state_is_carried_exactly(rank: int, world: int) -> None:
         engine, stats = relayout(engine, layout)
         assert layout_of(engine) == layout
         assert _step_counter(engine) == [2.0]
+        assert _params_sharded_over_dp(engine) == (layout.zero == 3), layout
         after = _full_state(engine)
         assert after.keys() == before.keys()
         for key, tensor in before.items():
@@ -57,6 +63,9 @@ def _state_is_carried_exactly(rank: int, world: int) -> None:
         assert stats.rounds == len(before) and stats.bytes_received > 0
     metrics = engine.step(_my_rows(engine, 2), nll_loss)  # and it trains on
     assert _step_counter(engine) == [3.0] and metrics["loss"] > 0
+    engine, _ = relayout(engine, TrainLayout(dp=2, tp=2, zero=2))
+    engine.step(_my_rows(engine, 3), nll_loss)
+    assert not _params_sharded_over_dp(engine)  # ZeRO-2 replicas re-gathered after the step
 
 
 def _train_with_schedule(rank: int, world: int, schedule: list[LayoutSwitch], out: str) -> None:
