@@ -48,6 +48,12 @@ class Schedule:
         r = self.rounds[i]
         return r.src, r.dst, (r.hi - r.lo).astype(np.float64)
 
+    def for_rank(self, rank: int):
+        """This rank's copies, peer streams and per-round byte ranges (see rank_plan.RankPlan)."""
+        from .rank_plan import for_rank
+
+        return for_rank(self, rank)
+
     def stream_index(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         w = self.plan.world_size
         keys = self.stream_src * w + self.stream_dst
@@ -59,28 +65,30 @@ def build_schedule(plan: Plan, budget_bytes: int = 4 << 30) -> Schedule:
     pairs = plan.pair_bytes()
     src, dst = np.nonzero(pairs)
     total = np.rint(pairs[src, dst]).astype(np.int64)
-    remaining, done = total.copy(), np.zeros_like(total)
+    done = np.zeros_like(total)
     first, last = np.full(len(total), -1, np.int64), np.full(len(total), -1, np.int64)
     half = max(1, budget_bytes // 2)
     rounds: list[Round] = []
-    while True:
-        active = np.flatnonzero(remaining)
-        if not len(active):
-            break
-        s, d, rem = src[active], dst[active], remaining[active]
-        send_total = np.bincount(s, rem, minlength=w)
-        recv_total = np.bincount(d, rem, minlength=w)
-        share = np.minimum(1.0, np.minimum(half / send_total[s], half / recv_total[d]))
+    idx = np.arange(len(total))  # streams still carrying bytes, compacted as they finish
+    s, d, rem = src, dst, total.astype(np.float64)  # float64 is exact for byte counts < 2**53
+    while len(idx):
+        send_room = half / np.bincount(s, rem, minlength=w).clip(min=1)
+        recv_room = half / np.bincount(d, rem, minlength=w).clip(min=1)
+        share = np.minimum(send_room[s], recv_room[d])
         # (1 - 1e-12): float rounding must never push a rank above its allowance
-        take = np.where(share >= 1.0, rem, np.floor(rem * share * (1 - 1e-12))).astype(np.int64)
+        take = np.where(share >= 1.0, rem, np.floor(rem * share * (1 - 1e-12)))
         if not take.any():  # allowances smaller than the stream count: one stream at a time
-            take[0] = min(int(rem[0]), half)
-        moving = active[take > 0]
-        lo = done[moving]
-        hi = lo + take[take > 0]
-        first[moving] = np.where(first[moving] < 0, len(rounds), first[moving])
-        last[moving] = len(rounds)
-        rounds.append(Round(src[moving], dst[moving], lo, hi))
-        done[moving] = hi
-        remaining[moving] -= take[take > 0]
+            take[0] = min(rem[0], half)
+        moving = np.flatnonzero(take)
+        streams = idx[moving]
+        lo = done[streams]
+        hi = lo + take[moving].astype(np.int64)
+        first[streams] = np.where(first[streams] < 0, len(rounds), first[streams])
+        last[streams] = len(rounds)
+        rounds.append(Round(src[streams], dst[streams], lo, hi))
+        done[streams] = hi
+        rem = rem - take
+        alive = rem > 0
+        if not alive.all():
+            idx, s, d, rem = idx[alive], s[alive], d[alive], rem[alive]
     return Schedule(plan, budget_bytes, rounds, src, dst, total, first, last)
