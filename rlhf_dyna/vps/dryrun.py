@@ -23,6 +23,7 @@ from .model import ModelCatalog
 from .plan import build_plan
 from .schedule import build_schedule
 from .spec import ParallelSpec
+from .validate import SpecError
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ def summarize(catalog: ModelCatalog, transitions: list[Transition], cluster: Clu
               budget_bytes: int = 4 << 30) -> list[dict]:
     rows = []
     for t in transitions:
+        for side, spec in (("src", t.src), ("dst", t.dst)):
+            if spec.ranks.stop > cluster.world_size:
+                raise SpecError(f"{t.name}: {side} spans ranks {spec.ranks.start}..{spec.ranks.stop - 1} but the "
+                                f"cluster has {cluster.world_size} devices; valid world_size + first_rank <= "
+                                f"{cluster.world_size}")
         start = time.perf_counter()
         plan = build_plan(build_layout(catalog, t.src), build_layout(catalog, t.dst), cluster.devices_per_node)
         schedule = build_schedule(plan, budget_bytes)

@@ -6,9 +6,12 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
+
 from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.vps import (Cluster, ParallelSpec, Phase, Transition, build_layout, build_plan, build_schedule,
                            cached_plan, predict_seconds, summarize, write_summary)
+from rlhf_dyna.vps.validate import SpecError
 
 CFG = SimpleNamespace(model_type="llama", num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=16, intermediate_size=96, vocab_size=1000)
@@ -26,6 +29,12 @@ def test_summarize_rows_and_json(tmp_path):
         assert set(r) == FIELDS and r["bytes_moved"] == r["bytes_min"] > 0 and r["predicted_s"] > 0
     data = json.loads(write_summary(rows, tmp_path / "out" / "plan_summary.json").read_text())
     assert data["transitions"] == rows
+
+
+def test_summarize_refuses_specs_larger_than_the_cluster():
+    with pytest.raises(SpecError, match="dst spans ranks 0..7 but the cluster has 4 devices"):
+        summarize(catalog_from_config(CFG), [Transition("x", ParallelSpec(dp=4), ParallelSpec(dp=8))],
+                  Cluster(2, 2, 100.0, 10.0))
 
 
 def test_cost_model_two_ranks_inter_node():
