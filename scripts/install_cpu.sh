@@ -6,7 +6,6 @@ PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP="$VENV/bin/pip"
-"$PIP" install -q --upgrade pip
 # torch first and pinned: anything looser downloads a CUDA build of several GB.
 "$PIP" install -q torch==2.13.0
 "$PIP" install -q -e ".[cpu,test]"
