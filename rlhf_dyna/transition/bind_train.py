@@ -1,0 +1,101 @@
+"""Bind a TrainEngine's live state (FSDP2 [+ DTensor TP] params, AdamW exp_avg / exp_avg_sq) to VPS train buffers.
+
+Live state is keyed (HF name, kind) as `relayout.bind_train_state` returns it, after FSDP's replicas are
+dropped, so what is bound is always the sharded state: FSDP2 shards dim 0 of the TP-local tensor over dp,
+which is the VPS layout ParallelSpec(TRAIN, dp, tp, zero=3) whatever the engine's ZeRO stage (ZeRO-1/2 only
+add replicas that the engine re-gathers). Each local shard (`DTensor.to_local()`) becomes the buffer
+"<name>:<kind>"; its shape is checked against the layout, so a model the layout does not describe
+(e.g. tied embeddings under TP, which the engine keeps replicated) is refused instead of silently mis-moved.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+
+from rlhf_dyna.models.catalog import catalog_from_config
+from rlhf_dyna.transition.views import TORCH_DTYPES
+from rlhf_dyna.vps.layout import Layout, build_layout
+from rlhf_dyna.vps.model import ModelCatalog
+from rlhf_dyna.vps.spec import ParallelSpec, Phase
+from rlhf_dyna.vps.tensor import Kind
+
+StateKey = tuple[str, str]  # (HF parameter name, kind), as transition.movers keys live state
+DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+def local_tensor(t: Tensor) -> Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t.detach()
+
+
+def mesh_shape(state: Mapping[StateKey, Tensor]) -> tuple[int, int]:
+    """(dp, tp) of the engine's mesh, read from the DTensors: TP'd params live on the 2-D (dp, tp) mesh, the
+    rest (and every param without TP) on the 1-D dp mesh. The mesh must cover ranks 0..world-1 in row-major
+    order, which is the VPS rank order (tp innermost)."""
+    meshes = {id(t.device_mesh): t.device_mesh for t in state.values() if isinstance(t, DTensor)}
+    if not meshes:
+        raise ValueError("no DTensor in the live state: not an FSDP2 engine")
+    mesh = max(meshes.values(), key=lambda m: m.ndim)
+    ranks = mesh.mesh.flatten().tolist()
+    if mesh.ndim > 2 or ranks != list(range(len(ranks))):
+        raise ValueError(f"mesh {mesh.mesh_dim_names} over ranks {ranks}: VPS binding needs a (dp[, tp]) mesh over 0..N-1")
+    return (mesh.size(0), mesh.size(1)) if mesh.ndim == 2 else (mesh.size(0), 1)
+
+
+def train_spec(state: Mapping[StateKey, Tensor]) -> ParallelSpec:
+    dp, tp = mesh_shape(state)
+    return ParallelSpec(Phase.TRAIN, dp=dp, tp=tp, zero=3)
+
+
+def state_kinds(state: Mapping[StateKey, Tensor]) -> tuple[Kind, ...]:
+    present = {kind for _, kind in state}
+    return tuple(k for k in (Kind.PARAM, Kind.EXP_AVG, Kind.EXP_AVG_SQ) if k.value in present)
+
+
+def train_catalog(hf_config: object, state: Mapping[StateKey, Tensor]) -> ModelCatalog:
+    """Catalog with the live dtypes: params as FSDP stores them (fp32 masters under bf16 compute), Adam's moments."""
+    param = next(t for (_, kind), t in state.items() if kind == Kind.PARAM.value)
+    moment = next((t for (_, kind), t in state.items() if kind == Kind.EXP_AVG.value), param)
+    return catalog_from_config(hf_config, DTYPE_NAMES[param.dtype], DTYPE_NAMES[moment.dtype])
+
+
+def train_layout(hf_config: object, state: Mapping[StateKey, Tensor]) -> Layout:
+    return build_layout(train_catalog(hf_config, state), train_spec(state), state_kinds(state))
+
+
+def buffer_name(key: StateKey) -> str:
+    return f"{key[0]}:{key[1]}"
+
+
+def bind_train_buffers(state: Mapping[StateKey, Tensor], layout: Layout, rank: int) -> dict[str, Tensor]:
+    """buffer name -> this rank's local shard, checked against the layout (shape, dtype, contiguity, coverage)."""
+    expected = layout.buffers(rank)
+    out: dict[str, Tensor] = {}
+    for key, tensor in state.items():
+        local, name = local_tensor(tensor), buffer_name(key)
+        want = expected.get(name)
+        if want is None:
+            if local.numel():
+                raise ValueError(f"rank {rank}: {name} holds {tuple(local.shape)}, the VPS layout {layout.spec.describe()} "
+                                 f"gives this rank nothing of it")
+            continue  # an empty trailing FSDP chunk
+        if tuple(local.shape) != want.shape or local.dtype != TORCH_DTYPES[want.dtype]:
+            raise ValueError(f"rank {rank}: live {name} is {tuple(local.shape)} {local.dtype}, the VPS layout "
+                             f"{layout.spec.describe()} expects {want.shape} {want.dtype}")
+        if not local.is_contiguous():
+            raise ValueError(f"rank {rank}: live {name} is not contiguous (strides {local.stride()})")
+        out[name] = local
+    missing = sorted(set(expected) - set(out))
+    if missing:
+        raise ValueError(f"rank {rank}: the VPS layout has buffers the engine lacks: {missing[:5]}")
+    return out
+
+
+@torch.no_grad()
+def release_storage(buffers: Mapping[str, Tensor]):
+    """A `release` callback for in-place transitions: frees a consumed source shard's storage at once."""
+    def release(name: str) -> None:
+        buffers[name].untyped_storage().resize_(0)
+    return release

@@ -1,0 +1,44 @@
+"""The VPS state mover for `relayout`: train layout -> train layout, parameters and AdamW moments, by plan.
+
+    new_engine, stats = relayout(engine, TrainLayout(dp=2, tp=2), mover=make_vps_mover(engine.model.config))
+
+Same contract as `movers.move_by_full_tensors`: collective, gets (HF name, kind) -> live tensor for the old and the
+new engine (AdamW's `step` is relayout's to copy), fills the destination. Source and destination specs are read
+from the DTensors' meshes; the plan is cached per (model, specs, kinds, budget). Seconds are the whole call's
+wall time (planning included the first time).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import torch.distributed as dist
+from torch import Tensor
+
+from rlhf_dyna.transition.bind_train import (StateKey, bind_train_buffers, release_storage, state_kinds, train_catalog,
+                                             train_spec)
+from rlhf_dyna.transition.executor import execute
+from rlhf_dyna.transition.movers import MoveStats, StateMover
+from rlhf_dyna.transition.trace import TraceRecorder
+from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
+
+
+def make_vps_mover(hf_config: object, budget_bytes: int = DEFAULT_BUDGET_BYTES, verify: bool = False,
+                   in_place: bool = False, recorder: TraceRecorder | None = None, trace_name: str = "relayout") -> StateMover:
+    """A StateMover for `hf_config`'s model. in_place: free each source shard as soon as its last read is done
+    (only when the source state is consumed, as in relayout; never when the caller reuses it)."""
+
+    def move(source: Mapping[StateKey, Tensor], destination: Mapping[StateKey, Tensor]) -> MoveStats:
+        if source.keys() != destination.keys():
+            raise ValueError(f"state keys differ: {sorted(source.keys() ^ destination.keys())[:5]}")
+        start, rank = time.perf_counter(), dist.get_rank()
+        kinds = state_kinds(source)
+        t = planned(train_catalog(hf_config, source), train_spec(source), train_catalog(hf_config, destination),
+                    train_spec(destination), kinds, budget_bytes, rank)
+        src = bind_train_buffers(source, t.src, rank)
+        dst = bind_train_buffers(destination, t.dst, rank)
+        stats = execute(t.rank_plan, src, dst, verify=verify, trace=recorder, trace_name=trace_name,
+                        release=release_storage(src) if in_place else None)
+        return MoveStats(time.perf_counter() - start, stats.bytes_received, stats.rounds, stats.peak_extra_bytes)
+
+    return move

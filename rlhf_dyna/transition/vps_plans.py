@@ -1,0 +1,45 @@
+"""Rank plans of VPS transitions, cached per (models, specs, kinds, budget, rank): planning runs once per switch kind."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from rlhf_dyna.vps.cache import model_key
+from rlhf_dyna.vps.layout import Layout, build_layout
+from rlhf_dyna.vps.model import ModelCatalog
+from rlhf_dyna.vps.plan import build_plan
+from rlhf_dyna.vps.rank_plan import RankPlan, for_rank
+from rlhf_dyna.vps.schedule import Schedule, build_schedule
+from rlhf_dyna.vps.spec import ParallelSpec
+from rlhf_dyna.vps.tensor import Kind
+
+DEFAULT_BUDGET_BYTES = 1 << 30  # per rank and round: half for sends, half for receives
+
+
+@dataclass(frozen=True)
+class PlannedTransition:
+    src: Layout
+    dst: Layout
+    schedule: Schedule
+    rank_plan: RankPlan
+
+
+_CACHE: dict[tuple, PlannedTransition] = {}
+
+
+def ranks_per_node() -> int:
+    """Ranks sharing a node (the planner prefers same-node sources); torchrun says so, a local run is one node."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size() if dist.is_initialized() else 1))
+
+
+def planned(src_catalog: ModelCatalog, src_spec: ParallelSpec, dst_catalog: ModelCatalog, dst_spec: ParallelSpec,
+            kinds: tuple[Kind, ...], budget_bytes: int, rank: int) -> PlannedTransition:
+    key = (model_key(src_catalog), model_key(dst_catalog), src_spec, dst_spec, kinds, budget_bytes, rank, ranks_per_node())
+    if key not in _CACHE:
+        src = build_layout(src_catalog, src_spec, kinds)
+        dst = build_layout(dst_catalog, dst_spec, kinds)
+        schedule = build_schedule(build_plan(src, dst, ranks_per_node()), budget_bytes)
+        _CACHE[key] = PlannedTransition(src, dst, schedule, for_rank(schedule, rank))
+    return _CACHE[key]
