@@ -15,7 +15,8 @@ from rlhf_dyna.transition.sync import make_sync
 from tests.engines._common import nll_loss, random_batch, tiny_spec
 from tests.engines._dist import run_ranks
 
-PROMPTS = [[5, 9, 3], [17, 2, 44, 8, 30], [60, 1], [7, 7, 7, 7], [12, 50, 33, 21, 9, 4], [40]]
+LONG = [(7 * i + 3) % 64 for i in range(40)]  # > one 32-token block: its KV lands in the prefix cache
+PROMPTS = [LONG, LONG[:35] + [1, 2], [5, 9, 3], [17, 2, 44, 8, 30], [60, 1], [12, 50, 33, 21, 9, 4]]
 NEW_TOKENS = 8
 
 
@@ -24,7 +25,8 @@ def _hf_greedy(weights: dict[str, torch.Tensor], arch: str, tie: bool, prompts: 
     model.load_state_dict(weights)
     out = []
     for prompt in prompts:  # one at a time: no padding in the reference
-        ids = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+        ids = torch.tensor([prompt])  # explicit mask: without one HF treats every pad_token_id in the prompt as padding
+        ids = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
         out.append(ids[0, len(prompt):].tolist())
     return out
 
@@ -46,7 +48,7 @@ def _sync_and_compare(rank: int, world: int, model_dir: str, arch: str, tie: boo
         save_hf_dir(build_policy(spec, seed=0), build_policy(spec).config, model_dir)  # vLLM starts from the initial weights
     dist.barrier()
     engine.step(random_batch(seed=rank, batch=2), nll_loss)
-    rollout = VLLMRollout(model_dir, tp=rollout_tp, seed=0, max_model_len=64, kv_cache_bytes=16 << 20)
+    rollout = VLLMRollout(model_dir, tp=rollout_tp, seed=0, max_model_len=64, kv_cache_bytes=16 << 20, block_size=32)
     prompts = PROMPTS[rollout.dp_rank :: rollout.dp_size]  # each rollout replica its own shard, TP peers the same
 
     stale = rollout.generate(prompts, temperature=0.0, max_tokens=NEW_TOKENS)  # fills the prefix cache with old KV
@@ -59,7 +61,8 @@ def _sync_and_compare(rank: int, world: int, model_dir: str, arch: str, tie: boo
 
     greedy = rollout.generate(prompts, temperature=0.0, max_tokens=NEW_TOKENS)
     vllm_tokens = [s[0].token_ids for s in greedy]
-    assert vllm_tokens == _hf_greedy(full, arch, tie, prompts), (vllm_tokens, [s[0].token_ids for s in stale])
+    hf_tokens = _hf_greedy(full, arch, tie, prompts)
+    assert vllm_tokens == hf_tokens, {"vllm": vllm_tokens, "hf": hf_tokens, "vllm_before_sync": [s[0].token_ids for s in stale]}
 
     sampled = rollout.generate(prompts, n=2, temperature=1.0, max_tokens=NEW_TOKENS, seed=1234)
     for samples in (greedy, sampled):
