@@ -44,11 +44,22 @@ class LayoutConfig:
 
 
 @dataclass
+class LayoutSwitchConfig:
+    """From `step` on (before it trains), the actor (and critic, reference) train in (dp, tp, zero)."""
+
+    step: int = 1
+    dp: int = -1  # -1: world_size // tp
+    tp: int = 1
+    zero: int = 3
+
+
+@dataclass
 class ParallelConfig:
     world_size: int = 2  # ranks of the job (CPU processes here, GPUs on a cluster)
     nodes: int = 1
     device: str = "auto"  # auto | cpu | cuda
     train: LayoutConfig = field(default_factory=LayoutConfig)
+    schedule: list[LayoutSwitchConfig] = field(default_factory=list)  # online training-layout changes
 
 
 @dataclass

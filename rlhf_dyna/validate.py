@@ -82,6 +82,25 @@ def check_tp(model: ModelConfig, tp: int, what: str, allow_kv_replication: bool)
         )
 
 
+def check_layout_schedule(cfg: Config) -> None:
+    world, steps = cfg.parallel.world_size, [s.step for s in cfg.parallel.schedule]
+    if steps != sorted(set(steps)) or any(s < 1 for s in steps):
+        raise ConfigError(f"parallel.schedule steps {steps} must be >= 1 and strictly increasing.")
+    for i, switch in enumerate(cfg.parallel.schedule):
+        where = f"parallel.schedule[{i}] (step {switch.step})"
+        if switch.zero not in (1, 2, 3):
+            raise ConfigError(f"{where}: zero={switch.zero}; valid: 1, 2, 3.")
+        check_tp(cfg.model, switch.tp, f"{where} tp", allow_kv_replication=False)
+        dp = world // switch.tp if switch.dp == -1 else switch.dp
+        if dp * switch.tp != world:
+            raise ConfigError(
+                f"{where}: dp*tp = {dp}*{switch.tp} = {dp * switch.tp} but parallel.world_size={world}; "
+                f"choose tp among {divisors(world)} and dp = world_size // tp (or dp=-1)."
+            )
+        if cfg.parallel.train.pp * cfg.parallel.train.cp != 1:
+            raise ConfigError(f"{where}: layout changes are supported for dp x tp training layouts (pp=cp=1).")
+
+
 def check_layouts(cfg: Config) -> None:
     world = cfg.parallel.world_size
     if world < 1:
@@ -94,6 +113,7 @@ def check_layouts(cfg: Config) -> None:
             f"rollout.tp={cfg.rollout.tp} does not divide parallel.world_size={world}; "
             f"valid rollout.tp: {[d for d in divisors(world) if d in divisors(cfg.model.num_attention_heads)]}."
         )
+    check_layout_schedule(cfg)
     replicas = world // cfg.rollout.tp
     if cfg.task.prompts_per_step % replicas:
         raise ConfigError(

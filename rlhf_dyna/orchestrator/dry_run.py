@@ -12,6 +12,7 @@ from ..models.catalog import catalog_from_config
 from ..models.hf_config import hf_config_from_fields
 from ..tasks.tokenizer import CharTokenizer
 from ..validate import resolve_dp
+from .setup import padded_vocab
 from ..vps.cost import Cluster
 from ..vps.dryrun import Transition, summarize, write_summary
 from ..vps.spec import ParallelSpec, Phase
@@ -42,7 +43,7 @@ def cluster_of(cfg: Config) -> Cluster:
 
 def model_catalog(cfg: Config):
     m = cfg.model
-    vocab = m.vocab_size if m.path is not None else CharTokenizer().vocab_size  # tiny runs use the task vocabulary
+    vocab = m.vocab_size if m.path is not None else padded_vocab(CharTokenizer().vocab_size)  # tiny: task vocabulary
     hf = hf_config_from_fields(
         m.arch, vocab, m.hidden_size, m.intermediate_size, m.num_hidden_layers, m.num_attention_heads,
         m.num_key_value_heads, m.head_dim, m.tie_word_embeddings, m.num_experts, m.num_experts_per_tok,

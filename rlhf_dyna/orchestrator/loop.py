@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -18,6 +18,7 @@ from ..rollout.vllm_engine import VLLMRollout
 from ..tasks.base import Example
 from ..tasks.tokenizer import CharTokenizer
 from ..tracking.tracker import Tracker
+from ..transition.relayout import LayoutSwitch, relayout, switch_at
 from ..transition.sync import make_sync
 from .batch import Sample, gather_samples, pack, shard_rows, split_rows
 from .objectives import actor_loss, critic_loss
@@ -68,12 +69,37 @@ def train_on(engine, batch: dict, loss_fn, alg) -> dict[str, float]:
     return metrics
 
 
+def layout_schedule(cfg: Config) -> list[LayoutSwitch]:
+    world = cfg.parallel.world_size
+    return [LayoutSwitch(s.step, world // s.tp if s.dp == -1 else s.dp, s.tp, s.zero) for s in cfg.parallel.schedule]
+
+
+def change_layout(ctx: RankContext, layout, *engines):
+    """Online change of the training layout: every engine's parameters and optimizer state move to the new
+    (dp, tp, zero) layout in these processes; returns the new context, engines and the move's metrics."""
+    moved, totals = [], {"seconds": 0.0, "bytes_moved": 0.0, "rounds": 0.0, "peak_extra_bytes": 0.0}
+    for engine in engines:
+        if engine is None:
+            moved.append(None)
+            continue
+        engine, stats = relayout(engine, layout)
+        moved.append(engine)
+        totals["seconds"] += stats.seconds
+        totals["rounds"] += stats.rounds
+        totals["peak_extra_bytes"] = max(totals["peak_extra_bytes"], stats.peak_extra_bytes)
+        received = torch.tensor([stats.bytes_received], dtype=torch.float64)
+        dist.all_reduce(received)
+        totals["bytes_moved"] += float(received)
+    new_ctx = replace(ctx, dp=layout.dp, tp=layout.tp)
+    return new_ctx, moved, {f"reshard/train_relayout/{k}": v for k, v in totals.items()}
+
+
 def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
     seed_everything(cfg.trainer.seed)
     ctx = rank_context(cfg)
     task = build_task(cfg)
     tokenizer = CharTokenizer()
-    source = model_source(cfg.model, tokenizer.vocab_size)
+    source = model_source(cfg.model, tokenizer)
     actor = build_actor(cfg, source, ctx)
     model_dir = write_initial_checkpoint(source, actor, tokenizer, out_dir, dist_info.node_rank, dist_info.local_rank)
     rollout = VLLMRollout(
@@ -97,8 +123,13 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
         if tracker:
             tracker.log(0, metrics)
         rng = random.Random(cfg.trainer.seed + 1)
+        schedule = layout_schedule(cfg)
         for step in range(1, cfg.trainer.total_steps + 1):
-            metrics = rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync)
+            switch = {}
+            layout = switch_at(schedule, step)
+            if layout is not None:
+                ctx, (actor, critic, ref), switch = change_layout(ctx, layout, actor, critic, ref)
+            metrics = {**switch, **rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync)}
             if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
                 metrics.update(evaluate(cfg, rollout, task, tokenizer, ctx))
             if tracker:

@@ -57,12 +57,21 @@ def build_task(cfg: Config) -> Task:
     )
 
 
-def model_source(model: ModelConfig, vocab_size: int) -> ModelSpec | str:
-    """A local checkpoint dir when model.path is set; otherwise a spec for random init (task vocabulary)."""
+VOCAB_MULTIPLE = 16  # vocab-parallel embeddings need vocab % tp == 0 for every tp a run may switch to
+
+
+def padded_vocab(tokenizer_vocab: int) -> int:
+    return -(-tokenizer_vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def model_source(model: ModelConfig, tokenizer: CharTokenizer) -> ModelSpec | str:
+    """A local checkpoint dir when model.path is set; otherwise a spec for random init (task vocabulary,
+    padded; the padding rows are never sampled into a correct answer and cost nothing)."""
     if model.path is not None:
         return model.path
     return ModelSpec(
-        arch=model.arch, vocab_size=vocab_size, hidden_size=model.hidden_size,
+        arch=model.arch, vocab_size=padded_vocab(tokenizer.vocab_size), bos_token_id=tokenizer.bos_id,
+        eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id, hidden_size=model.hidden_size,
         intermediate_size=model.intermediate_size, num_hidden_layers=model.num_hidden_layers,
         num_attention_heads=model.num_attention_heads, num_key_value_heads=model.num_key_value_heads,
         max_position_embeddings=model.max_position_embeddings, tie_word_embeddings=model.tie_word_embeddings,
