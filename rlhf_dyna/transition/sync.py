@@ -86,7 +86,7 @@ class NaiveSync(WeightSync):
         return SyncStats(seconds=seconds, bytes_moved=int(total), rounds=rounds, peak_extra_bytes=buffers.peak)
 
 
-SYNCS: dict[str, Callable[[], WeightSync]] = {"naive": NaiveSync}
+SYNCS: dict[str, Callable[[], WeightSync]] = {"naive": NaiveSync, "vps": lambda **kw: __import__("rlhf_dyna.transition.vps_sync", fromlist=["VpsSync"]).VpsSync(**kw)}  # deferred: vps_sync imports this module
 
 
 def make_sync(name: str, **kwargs) -> WeightSync:
