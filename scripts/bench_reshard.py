@@ -52,11 +52,11 @@ def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int
                      num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=2048)
 
 
-SIZES: dict[str, ModelSpec] = {  # parameter counts with untied 32k embeddings
-    "tiny": _llama(128, 256, 2, 4, 2, vocab=1024),  # 0.9M
+SIZES: dict[str, ModelSpec] = {  # parameter counts, untied 32k-token embeddings included
+    "tiny": _llama(128, 256, 2, 4, 2, vocab=1024),  # 0.56M
     "60m": _llama(512, 1536, 8, 8, 4),  # 58M
-    "150m": _llama(768, 2048, 12, 12, 4),  # 126M
-    "300m": _llama(1024, 2816, 16, 16, 4),  # 268M + 66M embeddings = 334M
+    "150m": _llama(768, 2048, 16, 12, 4),  # 150M
+    "300m": _llama(1024, 2816, 22, 16, 4),  # 313M
     "500m": _llama(1280, 3456, 25, 20, 4),  # 512M
 }
 
