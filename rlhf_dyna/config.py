@@ -106,8 +106,8 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     max_new_tokens: int = 8
-    kv_cache_bytes: int = 64 * 1024 * 1024
-    sync: str = "naive"  # naive (full tensors gathered and loaded by name)
+    kv_cache_bytes: int = 64 * 1024 * 1024  # KV cache per rank; 0 = vLLM sizes it from gpu_memory_utilization
+    sync: str = "vps"  # vps (only the bytes each rollout shard needs) | naive (full tensors, by name)
 
 
 @dataclass

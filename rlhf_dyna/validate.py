@@ -19,7 +19,7 @@ CHOICES = {
     "algorithm.loss_agg": ("token_mean", "seq_mean"),
     "algorithm.kl_estimator": ("k1", "k3"),
     "rollout.engine": ("vllm",),
-    "rollout.sync": ("naive",),
+    "rollout.sync": ("naive", "vps"),
     "task.name": ("arithmetic", "sort_digits"),
     "tracking.wandb_mode": ("offline", "online", "disabled"),
     "trainer.precision": ("fp32", "bf16"),

@@ -20,6 +20,7 @@ from ..tasks.tokenizer import CharTokenizer
 from ..tracking.tracker import Tracker
 from ..transition.relayout import LayoutSwitch, relayout, switch_at
 from ..transition.sync import make_sync
+from ..transition.vps_mover import make_vps_mover
 from .batch import Sample, gather_samples, pack, shard_rows, split_rows
 from .objectives import actor_loss, critic_loss
 from .phases import evaluate, generate, supervised_warmup
@@ -82,7 +83,7 @@ def change_layout(ctx: RankContext, layout, *engines):
         if engine is None:
             moved.append(None)
             continue
-        engine, stats = relayout(engine, layout)
+        engine, stats = relayout(engine, layout, mover=make_vps_mover(engine.model.config, in_place=True))
         moved.append(engine)
         totals["seconds"] += stats.seconds
         totals["rounds"] += stats.rounds
@@ -104,7 +105,7 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
     model_dir = write_initial_checkpoint(source, actor, tokenizer, out_dir, dist_info.node_rank, dist_info.local_rank)
     rollout = VLLMRollout(
         str(model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
-        kv_cache_bytes=cfg.rollout.kv_cache_bytes,
+        kv_cache_bytes=cfg.rollout.kv_cache_bytes, dtype="bfloat16" if cfg.trainer.precision == "bf16" else "float32",
     )
     sync = make_sync(cfg.rollout.sync)
     tracker = None

@@ -60,7 +60,8 @@ class VLLMRollout:
             distributed_executor_backend="external_launcher" if dist.is_initialized() else None,
             skip_tokenizer_init=True,
             enforce_eager=True,
-            kv_cache_memory_bytes=kv_cache_bytes,  # gpu_memory_utilization is per NUMA node on CPU; fails with many ranks
+            # gpu_memory_utilization is per NUMA node on CPU and fails with many ranks; 0 = vLLM sizes the cache (GPU)
+            kv_cache_memory_bytes=kv_cache_bytes or None,
             seed=seed,  # identical on every rank: TP peers each sample and must draw the same tokens
             dtype=dtype,
             max_model_len=max_model_len,

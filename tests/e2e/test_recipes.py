@@ -23,10 +23,13 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("recipe,extra_keys", [("grpo_tiny", []), ("ppo_tiny", ["critic/vf_loss", "actor/kl"])])
-def test_recipe_runs_end_to_end(recipe, extra_keys, tmp_path):
+@pytest.mark.parametrize("recipe,sync,extra_keys", [
+    ("grpo_tiny", "vps", []),
+    ("ppo_tiny", "naive", ["critic/vf_loss", "actor/kl"]),
+])
+def test_recipe_runs_end_to_end(recipe, sync, extra_keys, tmp_path):
     run_dir = tmp_path / recipe
-    proc = run_app(f"recipe={recipe}", *SHORT, f"hydra.run.dir={run_dir}")
+    proc = run_app(f"recipe={recipe}", f"rollout.sync={sync}", *SHORT, f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]
