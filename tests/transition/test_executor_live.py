@@ -30,12 +30,16 @@ def _trained(world: int, dp: int, tp: int) -> TrainEngine:
     return engine
 
 
-def _relayout_both(rank: int, world: int, src: tuple[int, int], dst: tuple[int, int], budget: int) -> None:
+def _relayout_both(rank: int, world: int, src: tuple[int, int], dst: tuple[int, int], budget: int, in_place: bool) -> None:
     reference, _ = relayout(_trained(world, *src), TrainLayout(*dst))
     recorder = TraceRecorder(rank)
     engine = _trained(world, *src)
     config = engine.model.config
-    moved, stats = relayout(engine, TrainLayout(*dst), mover=make_vps_mover(config, budget, verify=True, recorder=recorder))
+    old_shards = [local_of(p) for p in engine.model.parameters()]
+    mover = make_vps_mover(config, budget, verify=True, in_place=in_place, recorder=recorder)
+    moved, stats = relayout(engine, TrainLayout(*dst), mover=mover)
+    if in_place:  # every consumed source shard's storage was freed during the move
+        assert all(s.untyped_storage().nbytes() == 0 for s in old_shards)
     want, got = bind_train_state(reference), bind_train_state(moved)
     assert want.keys() == got.keys() and len(got) == 3 * len(list(moved.model.parameters()))
     for key in sorted(want):
@@ -55,9 +59,9 @@ def _relayout_both(rank: int, world: int, src: tuple[int, int], dst: tuple[int, 
 
 @pytest.mark.timeout(150)
 def test_relayout_dp2_to_tp2_moves_params_and_adam_state():
-    run_ranks(_relayout_both, 2, (2, 1), (1, 2), 64 << 10)
+    run_ranks(_relayout_both, 2, (2, 1), (1, 2), 64 << 10, False)
 
 
 @pytest.mark.timeout(200)
-def test_relayout_dp4_to_dp2_tp2_moves_params_and_adam_state():
-    run_ranks(_relayout_both, 4, (4, 1), (2, 2), 64 << 10)
+def test_relayout_dp4_to_dp2_tp2_in_place_moves_params_and_adam_state():
+    run_ranks(_relayout_both, 4, (4, 1), (2, 2), 64 << 10, True)
