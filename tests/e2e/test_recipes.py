@@ -44,7 +44,7 @@ def test_recipe_runs_end_to_end(recipe, sync, extra_keys, tmp_path):
 
 def test_multirun_sweep_writes_every_job(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_app("-m", "algorithm.lr=1e-4,3e-4", "trainer.total_steps=1", "task.eval_size=16",
+    proc = run_app("-m", "algorithm.lr=1e-4,3e-4", "trainer.total_steps=1", "trainer.sft_warmup_steps=0", "task.eval_size=16",
                    "tracking.wandb_mode=disabled", f"hydra.sweep.dir={sweep}", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and (p / "metrics.jsonl").exists())
