@@ -214,7 +214,7 @@ def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[f
     for transition in per_rank[0]["must_receive"]:
         must = [r["must_receive"][transition] for r in per_rank]
         floor = dict(size=size, transition=transition, method="floor", seconds=max(must) / bandwidth, bytes_moved=sum(must),
-                     max_rank_bytes=max(must), peak_extra_bytes=None, correct=True)
+                     max_rank_bytes=max(must), peak_extra_bytes=None, correct=True, bandwidth_bytes_per_s=bandwidth)
         rows.append(floor)
         methods = [rec["method"] for rec in per_rank[0]["records"] if rec["transition"] == transition]
         for method in methods:
@@ -258,7 +258,7 @@ def plot(rows: list[dict], params: dict[str, int], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     transitions = sorted({r["transition"] for r in rows}, reverse=True)
-    fig, axes = plt.subplots(1, len(transitions), figsize=(7 * len(transitions), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(transitions), figsize=(7 * len(transitions), 5), squeeze=False)
     for ax, transition in zip(axes[0], transitions):
         mine = [r for r in rows if r["transition"] == transition]
         sizes = list(dict.fromkeys(r["size"] for r in mine))
@@ -271,7 +271,7 @@ def plot(rows: list[dict], params: dict[str, int], path: Path) -> None:
         ax.set_yscale("log")
         ax.set_ylabel("seconds (slowest rank)")
         ax.set_title(f"{transition} ({WORLD} gloo ranks)")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1))  # below: bars stay visible
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -307,10 +307,16 @@ def main() -> None:
     parser.add_argument("--ckpt", default=None, help="checkpoint directory for the DCP baselines (default: under --out)")
     parser.add_argument("--transitions", default="train_to_rollout,dp4_to_dp2tp2", help="comma-separated subset")
     parser.add_argument("--bw-mib", type=int, default=256, help="message size of the bandwidth probe")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", help="combine earlier bench_reshard.json files (sizes run "
+                        "separately, e.g. when memory was short) into one table, JSON and chart; runs nothing")
     parser.add_argument("--restart-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.restart_worker:
         return restart_worker(args.sizes, args.ckpt, args.out)
+    if args.merge:
+        reports = [json.loads(Path(path).read_text()) for path in args.merge]
+        return write_report(Path(args.out), [row for r in reports for row in r["rows"]],
+                            {k: v for r in reports for k, v in r["params"].items()}, reports[0].get("transitions", ["train_to_rollout", "dp4_to_dp2tp2"]))
     sizes = ["tiny"] if args.quick else args.sizes.split(",")
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
@@ -341,6 +347,11 @@ def main() -> None:
               f"{bandwidth['single_pair'] / 1e9:.2f} GB/s one pair alone", flush=True)
     if not rows:
         raise SystemExit("every size was skipped: not enough memory available")
+    write_report(out, rows, params, transitions)
+
+
+def write_report(out: Path, rows: list[dict], params: dict[str, int], transitions: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     print_table(rows, params)
     report = dict(world=WORLD, rollout_tp=ROLLOUT_TP, dst_layout=DST_LAYOUT.describe(), params=params,
                   floor_bandwidth="p2p bytes/s per rank, all ranks exchanging at once (same backend, same run)",
