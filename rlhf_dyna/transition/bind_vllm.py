@@ -66,8 +66,16 @@ class VllmDestination:
         kernel_is_model_format = not current_platform.is_cpu() and all(
             tuple(params[n].shape) == b.shape and params[n].dtype == TORCH_DTYPES[b.dtype] for n, b in wanted.items())
         self.staged = not kernel_is_model_format
-        if self.staged:  # zeros: vocabulary padding rows belong to no logical tensor and must read as 0, as vLLM loads them
-            self.buffers = {n: torch.zeros(b.shape, dtype=TORCH_DTYPES[b.dtype], device=params[n].device) for n, b in wanted.items()}
+        if self.staged:
+            covered = dict.fromkeys(wanted, 0)
+            for piece in layout.pieces(rank):
+                covered[piece.buffer] += piece.box.volume
+            self.buffers = {}
+            for n, b in wanted.items():
+                buf = torch.empty(b.shape, dtype=TORCH_DTYPES[b.dtype], device=params[n].device)
+                if covered[n] < buf.numel():  # vocabulary padding rows belong to no logical tensor: vLLM loads them as 0
+                    buf.zero_()
+                self.buffers[n] = buf
         else:
             self.buffers = {n: params[n].data for n in wanted}
 

@@ -33,6 +33,7 @@ class VpsSync(WeightSync):
         self.verify = verify  # checksum every received piece against its source (tests)
         self.recorder = recorder  # one trace event per round when set
         self.last: ExecStats | None = None  # this rank's executor stats of the latest sync
+        self.phases: dict[str, float] = {}  # seconds of the latest sync: plan (+ binding, staging), move, install
 
     def sync(self, train_engine: TrainEngine, rollout: VLLMRollout) -> SyncStats:
         start, rank = time.perf_counter(), dist.get_rank()
@@ -41,11 +42,14 @@ class VpsSync(WeightSync):
         t = planned(train_catalog(config, params), train_spec(params), catalog_from_config(config, rollout_dtype(rollout)),
                     rollout_spec(rollout), (Kind.PARAM,), self.budget_bytes, rank)
         destination = VllmDestination(rollout, t.dst, rank)
+        moving = time.perf_counter()
         self.last = execute(t.rank_plan, bind_train_buffers(params, t.src, rank), destination.buffers, verify=self.verify,
                             trace=self.recorder, trace_name="train_to_rollout")
         staged = destination.staged_bytes
+        installing = time.perf_counter()
         destination.install()
         seconds = time.perf_counter() - start
+        self.phases = dict(plan=moving - start, move=installing - moving, install=start + seconds - installing)
         total = torch.tensor([self.last.bytes_received], dtype=torch.int64, device=train_engine.device)
         dist.all_reduce(total)
         return SyncStats(seconds=seconds, bytes_moved=int(total), rounds=self.last.rounds,
