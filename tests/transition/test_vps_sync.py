@@ -34,17 +34,20 @@ def _generate(rollout: VLLMRollout, prompts: list[list[int]]) -> tuple[list[list
     return [s[0].token_ids for s in out], torch.tensor([lp for s in out for lp in s[0].logprobs])
 
 
-def _vps_vs_naive(rank: int, world: int, model_dir: str, arch: str, tie: bool, rollout_tp: int) -> None:
+def _vps_vs_naive(rank: int, world: int, model_dir: str, arch: str, tie: bool, rollout_tp: int,
+                  precision: str = "fp32") -> None:
     spec = tiny_spec(arch, tie)
-    engine = TrainEngine(build_policy(spec, seed=0), build_mesh(world, 1), lr=3e-2)
+    engine = TrainEngine(build_policy(spec, seed=0), build_mesh(world, 1), lr=3e-2, precision=precision)
     if rank == 0:
         save_hf_dir(build_policy(spec, seed=0), build_policy(spec).config, model_dir)
     dist.barrier()
-    rollout = VLLMRollout(model_dir, tp=rollout_tp, seed=0, max_model_len=64, kv_cache_bytes=16 << 20, block_size=32)
+    rollout = VLLMRollout(model_dir, tp=rollout_tp, seed=0, max_model_len=64, kv_cache_bytes=16 << 20, block_size=32,
+                          dtype="bfloat16" if precision == "bf16" else "float32")
     prompts = PROMPTS[rollout.dp_rank :: rollout.dp_size]
     recorder = TraceRecorder(rank)
     vps = VpsSync(budget_bytes=8 << 10, verify=True, recorder=recorder)  # small budget: several rounds
-    plan = cached_plan(catalog_from_config(engine.model.config, "float32", "float32"), ParallelSpec(dp=world),
+    rollout_dtype = "bfloat16" if precision == "bf16" else "float32"  # the plan moves destination bytes
+    plan = cached_plan(catalog_from_config(engine.model.config, rollout_dtype, "float32"), ParallelSpec(dp=world),
                        ParallelSpec(Phase.ROLLOUT, tp=rollout_tp, vllm_dp=world // rollout_tp), world)
     for step in range(2):  # the second sync reuses the cached plan
         engine.step(random_batch(seed=10 * step + rank, batch=2), nll_loss)
@@ -73,3 +76,9 @@ def test_vps_sync_fsdp_dp2_to_vllm_tp2_matches_naive(tmp_path: Path) -> None:
 def test_vps_sync_tied_qwen2_to_two_vllm_replicas_matches_naive(tmp_path: Path) -> None:
     """qkv biases, tied embeddings (vLLM's lm_head repacked from the same received tensor), tp1 x dp2."""
     run_ranks(_vps_vs_naive, 2, str(tmp_path / "ckpt"), "qwen2", True, 1)
+
+
+@pytest.mark.timeout(240)
+def test_vps_sync_bf16_rollout_from_fp32_masters_matches_naive(tmp_path: Path) -> None:
+    """bf16 compute on fp32 masters, bf16 vLLM: the masters are cast while packing, so half the bytes travel."""
+    run_ranks(_vps_vs_naive, 2, str(tmp_path / "ckpt"), "llama", False, 2, "bf16")
