@@ -93,6 +93,7 @@ def build_actor(cfg: Config, source: ModelSpec | str, ctx: RankContext) -> Train
     return TrainEngine(
         policy, build_mesh(ctx.dp, ctx.tp), lr=alg.lr, weight_decay=alg.weight_decay, betas=tuple(alg.betas),
         grad_clip=alg.grad_clip, precision=cfg.trainer.precision, micro_batch_size=alg.micro_batch_size,
+        zero=cfg.parallel.train.zero,
     )
 
 
@@ -102,6 +103,7 @@ def build_critic_engine(cfg: Config, source: ModelSpec | str, actor: TrainEngine
     return TrainEngine(
         critic, actor.mesh, lr=alg.critic_lr, weight_decay=alg.weight_decay, betas=tuple(alg.betas),
         grad_clip=alg.grad_clip, precision=cfg.trainer.precision, micro_batch_size=alg.micro_batch_size,
+        zero=cfg.parallel.train.zero,
     )
 
 
@@ -110,7 +112,7 @@ def build_reference(cfg: Config, source: ModelSpec | str, actor: TrainEngine) ->
     ref = build_policy(source, DTYPES["fp32"], seed=cfg.trainer.seed)
     ref.load_state_dict(dict(full_state_dict(actor)))
     return TrainEngine(ref, actor.mesh, trainable=False, precision=cfg.trainer.precision,
-                       micro_batch_size=cfg.algorithm.micro_batch_size)
+                       micro_batch_size=cfg.algorithm.micro_batch_size, zero=cfg.parallel.train.zero)
 
 
 def write_initial_checkpoint(source: ModelSpec | str, actor: TrainEngine, tokenizer: CharTokenizer, out_dir: Path,
