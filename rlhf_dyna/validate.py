@@ -25,6 +25,7 @@ CHOICES = {
     "trainer.precision": ("fp32", "bf16"),
     "parallel.device": ("auto", "cpu", "cuda"),
     "model.arch": ("llama", "qwen2", "qwen3", "qwen3_moe"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
 }
 
 

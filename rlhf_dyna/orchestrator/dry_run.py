@@ -9,15 +9,14 @@ from rich.table import Table
 
 from ..config import Config
 from ..models.catalog import catalog_from_config
+from ..models.build import make_hf_config
 from ..models.hf_config import hf_config_from_fields
 from ..tasks.tokenizer import CharTokenizer
 from ..validate import resolve_dp
-from .setup import padded_vocab
 from ..vps.cost import Cluster
 from ..vps.dryrun import Transition, summarize, write_summary
 from ..vps.spec import ParallelSpec, Phase
-
-PARAM_DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "float16": "float16"}
+from .setup import model_source
 
 
 def train_spec(cfg: Config) -> ParallelSpec:
@@ -42,14 +41,17 @@ def cluster_of(cfg: Config) -> Cluster:
 
 
 def model_catalog(cfg: Config):
+    """Catalog of the model the run would build: the tiny spec itself when random-init, else the config fields."""
     m = cfg.model
-    vocab = m.vocab_size if m.path is not None else padded_vocab(CharTokenizer().vocab_size)  # tiny: task vocabulary
+    source = model_source(m, CharTokenizer())
+    if not isinstance(source, str):
+        return catalog_from_config(make_hf_config(source), param_dtype=m.dtype)
     hf = hf_config_from_fields(
-        m.arch, vocab, m.hidden_size, m.intermediate_size, m.num_hidden_layers, m.num_attention_heads,
+        m.arch, m.vocab_size, m.hidden_size, m.intermediate_size, m.num_hidden_layers, m.num_attention_heads,
         m.num_key_value_heads, m.head_dim, m.tie_word_embeddings, m.num_experts, m.num_experts_per_tok,
         m.moe_intermediate_size,
     )
-    return catalog_from_config(hf, param_dtype=PARAM_DTYPES[m.dtype])
+    return catalog_from_config(hf, param_dtype=m.dtype)
 
 
 def human_bytes(n: float) -> str:

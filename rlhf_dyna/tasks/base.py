@@ -31,6 +31,12 @@ def response_answer(response_text: str) -> str:
     return response_text.split(EOS, 1)[0].strip()
 
 
+def digit_range(min_digits: int, max_digits: int) -> tuple[int, int]:
+    if not 1 <= min_digits <= max_digits:
+        raise ValueError(f"need 1 <= min_digits <= max_digits, got {min_digits}..{max_digits}")
+    return min_digits, max_digits
+
+
 def positional_credit(answer: str, response: str) -> float:
     """Fraction of answer characters matched at the same position; 0 if the lengths differ."""
     if len(response) != len(answer) or not answer:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 
-from rlhf_dyna.tasks.base import Example, Task, register_task
+from rlhf_dyna.tasks.base import Example, Task, digit_range, register_task
 
 PREFIX = "sort:"
 
@@ -21,9 +21,7 @@ class SortDigitsTask(Task):
         eval_size: int = 128,
         partial_credit: bool = False,
     ) -> None:
-        if not 1 <= min_digits <= max_digits:
-            raise ValueError(f"need 1 <= min_digits <= max_digits, got {min_digits}..{max_digits}")
-        self.min_digits, self.max_digits = min_digits, max_digits
+        self.min_digits, self.max_digits = digit_range(min_digits, max_digits)
         super().__init__(seed, eval_size, partial_credit)
 
     def num_distinct_prompts(self) -> int:
