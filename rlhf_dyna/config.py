@@ -127,6 +127,8 @@ class TrackingConfig:
     project: str = "rlhf_dyna"
     run_name: Optional[str] = None
     console: bool = True
+    transition_trace: bool = True  # write transition_trace.json: Chrome trace (Perfetto) of each transition's rounds
+    trace_syncs: int = 10  # bounds its size: only the first N train_to_rollout syncs (every train_relayout is kept)
 
 
 @dataclass

@@ -2,6 +2,8 @@
 response positions, with a 0/1 response mask (right padding; gaps inside are skipped too)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -55,13 +57,17 @@ def gae(
     return advantages, returns
 
 
-def whiten(advantages: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def whiten(advantages: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8,
+           reduce: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """Normalise to zero mean and unit (population) variance over masked tokens; zero outside.
-    With shift_mean=False the mean is added back (only the scale changes)."""
+    With shift_mean=False the mean is added back (only the scale changes). For a batch split over ranks,
+    `reduce` sums a tensor of partial sums over them, so that mean and variance are the whole batch's."""
+    reduce = reduce or (lambda t: t)
     mask_f = mask.float()
-    count = mask_f.sum().clamp(min=1.0)
-    mean = (advantages * mask_f).sum() / count
-    var = (((advantages - mean) * mask_f) ** 2).sum() / count
+    count, total = reduce(torch.stack([mask_f.sum(), (advantages * mask_f).sum()]))
+    count = count.clamp(min=1.0)
+    mean = total / count
+    var = reduce((((advantages - mean) * mask_f) ** 2).sum()) / count
     whitened = (advantages - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + mean

@@ -52,3 +52,10 @@ def shard_rows(batch: dict[str, Tensor], index: int, count: int) -> dict[str, Te
 
 def split_rows(batch: dict[str, Tensor], parts: int) -> list[dict[str, Tensor]]:
     return [shard_rows(batch, i, parts) for i in range(parts)]
+
+
+def rank_rows(batch: dict[str, Tensor], dp_rank: int, dp: int, mini_batches: int) -> dict[str, Tensor]:
+    """This dp rank's rows: its shard of each global mini-batch, in order, so that `split_rows(rows, mini_batches)[i]`
+    is its share of the same global rows in every (dp, tp) layout (a contiguous dp shard would change them with dp)."""
+    parts = [shard_rows(mini, dp_rank, dp) for mini in split_rows(batch, mini_batches)]
+    return {k: torch.cat([p[k] for p in parts]) for k in batch}

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
+from torch import Tensor
 
 from ..algos.grpo import group_advantages
 from ..algos.kl import kl_penalty
@@ -20,8 +21,9 @@ from ..tasks.tokenizer import CharTokenizer
 from ..tracking.tracker import Tracker
 from ..transition.relayout import LayoutSwitch, relayout, switch_at
 from ..transition.sync import make_sync
+from ..transition.trace import TraceRecorder, gather_trace, write_chrome_trace
 from ..transition.vps_mover import make_vps_mover
-from .batch import Sample, gather_samples, pack, shard_rows, split_rows
+from .batch import Sample, gather_samples, pack, rank_rows, split_rows
 from .objectives import actor_loss, critic_loss
 from .phases import evaluate, generate, supervised_warmup
 from .setup import (
@@ -29,12 +31,22 @@ from .setup import (
     seed_everything, write_initial_checkpoint,
 )
 
+TRACE_FILE = "transition_trace.json"
+
 
 def mean_over_world(values: dict[str, float]) -> dict[str, float]:
     keys = sorted(values)
     t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
     dist.all_reduce(t)
     return dict(zip(keys, (t / dist.get_world_size()).tolist()))
+
+
+def dp_sum(engine, values: Tensor) -> Tensor:
+    """`values` summed over the engine's dp group (TP peers hold the same rows): statistics of the whole batch,
+    which, unlike those of this rank's shard, do not change with the layout."""
+    total = values.to(engine.device, copy=True)
+    dist.all_reduce(total, group=engine.mesh["dp"].get_group())
+    return total.to(values.device)
 
 
 def advantages_for(cfg: Config, batch: dict, samples: list[Sample], ctx: RankContext, actor, ref, critic) -> dict:
@@ -45,12 +57,11 @@ def advantages_for(cfg: Config, batch: dict, samples: list[Sample], ctx: RankCon
         batch["ref_logprobs"] = ref.logprobs(batch["input_ids"], batch["attention_mask"], cfg.rollout.temperature)
     if alg.name == "grpo":
         rewards = torch.tensor([s.reward for s in samples])
-        batch["advantages"] = shard_rows(
-            {"a": group_advantages(rewards, cfg.rollout.n, alg.norm_adv_by_std)}, ctx.dp_rank, ctx.dp
-        )["a"]
+        advantages = {"a": group_advantages(rewards, cfg.rollout.n, alg.norm_adv_by_std)}
+        batch["advantages"] = rank_rows(advantages, ctx.dp_rank, ctx.dp, alg.mini_batches)["a"]
         return batch
     mask = batch["response_mask"]
-    scores = shard_rows({"s": torch.tensor([s.reward for s in samples])}, ctx.dp_rank, ctx.dp)["s"]
+    scores = rank_rows({"s": torch.tensor([s.reward for s in samples])}, ctx.dp_rank, ctx.dp, alg.mini_batches)["s"]
     ref_kl = None
     if ref is not None and alg.kl_in_reward:
         ref_kl = kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], "k1")
@@ -58,7 +69,8 @@ def advantages_for(cfg: Config, batch: dict, samples: list[Sample], ctx: RankCon
     # value of the state before token t is read at t-1 (the prefix that predicts token t)
     values = torch.nn.functional.pad(values[:, :-1], (1, 0)) * mask
     advantages, returns = gae(token_rewards(scores, mask, ref_kl, alg.kl_coef), values, mask, alg.gamma, alg.lam)
-    batch.update(old_values=values, returns=returns, advantages=whiten(advantages, mask))
+    advantages = whiten(advantages, mask, reduce=lambda t: dp_sum(critic, t))
+    batch.update(old_values=values, returns=returns, advantages=advantages)
     return batch
 
 
@@ -75,15 +87,17 @@ def layout_schedule(cfg: Config) -> list[LayoutSwitch]:
     return [LayoutSwitch(s.step, world // s.tp if s.dp == -1 else s.dp, s.tp, s.zero) for s in cfg.parallel.schedule]
 
 
-def change_layout(ctx: RankContext, layout, *engines):
+def change_layout(ctx: RankContext, layout, *engines, recorder: TraceRecorder | None = None):
     """Online change of the training layout: every engine's parameters and optimizer state move to the new
-    (dp, tp, zero) layout in these processes; returns the new context, engines and the move's metrics."""
+    (dp, tp, zero) layout in these processes; returns the new context, engines and the move's metrics.
+    With a recorder, each move's rounds are traced as train_relayout events."""
     moved, totals = [], {"seconds": 0.0, "bytes_moved": 0.0, "rounds": 0.0, "peak_extra_bytes": 0.0}
     for engine in engines:
         if engine is None:
             moved.append(None)
             continue
-        engine, stats = relayout(engine, layout, mover=make_vps_mover(engine.model.config, in_place=True))
+        mover = make_vps_mover(engine.model.config, in_place=True, recorder=recorder, trace_name="train_relayout")
+        engine, stats = relayout(engine, layout, mover=mover)
         moved.append(engine)
         totals["seconds"] += stats.seconds
         totals["rounds"] += stats.rounds
@@ -107,7 +121,10 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
         str(model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
         kv_cache_bytes=cfg.rollout.kv_cache_bytes, dtype="bfloat16" if cfg.trainer.precision == "bf16" else "float32",
     )
-    sync = make_sync(cfg.rollout.sync)
+    bound = {"train_to_rollout": cfg.tracking.trace_syncs}
+    recorder = TraceRecorder(ctx.rank, bound) if cfg.tracking.transition_trace else None
+    # only the VPS executor has rounds to trace; naive's gathers are not traced
+    sync = make_sync(cfg.rollout.sync, **({"recorder": recorder} if cfg.rollout.sync == "vps" else {}))
     tracker = None
     if ctx.rank == 0:
         run_config = OmegaConf.to_container(OmegaConf.structured(cfg))
@@ -129,12 +146,16 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
             switch = {}
             layout = switch_at(schedule, step)
             if layout is not None:
-                ctx, (actor, critic, ref), switch = change_layout(ctx, layout, actor, critic, ref)
+                ctx, (actor, critic, ref), switch = change_layout(ctx, layout, actor, critic, ref, recorder=recorder)
             metrics = {**switch, **rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync)}
             if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
                 metrics.update(evaluate(cfg, rollout, task, tokenizer, ctx))
             if tracker:
                 tracker.log(step, metrics)
+        if recorder is not None:  # collective, so not in `finally`: after one rank fails the others would wait forever
+            events = gather_trace(recorder)
+            if ctx.rank == 0:
+                write_chrome_trace(events, out_dir / TRACE_FILE)
     finally:
         if tracker:
             tracker.close()
@@ -150,9 +171,8 @@ def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, s
 
     t1 = time.perf_counter()
     samples = sorted(gather_samples(local, ctx.is_rollout_leader), key=lambda s: s.prompt_index)
-    mine = samples[ctx.dp_rank * len(samples) // ctx.dp : (ctx.dp_rank + 1) * len(samples) // ctx.dp]
-    batch = pack(samples, tokenizer.pad_id)
-    batch = advantages_for(cfg, shard_rows(batch, ctx.dp_rank, ctx.dp), samples, ctx, actor, ref, critic)
+    batch = rank_rows(pack(samples, tokenizer.pad_id), ctx.dp_rank, ctx.dp, cfg.algorithm.mini_batches)
+    batch = advantages_for(cfg, batch, samples, ctx, actor, ref, critic)
     timings["timing_s/prepare"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
@@ -165,7 +185,7 @@ def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, s
     timings["timing_s/step"] = time.perf_counter() - t0
 
     rewards = torch.tensor([s.reward for s in samples])
-    lengths = torch.tensor([len(s.response_ids) for s in mine], dtype=torch.float64)
+    lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float64)
     metrics = {
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
@@ -178,9 +198,9 @@ def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, s
         "reshard/train_to_rollout/peak_extra_bytes": float(stats.peak_extra_bytes),
     }
     if "actor/kl" not in metrics and ref is not None:
-        metrics["actor/kl"] = float(
-            (kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], "k3") * batch["response_mask"]).sum()
-            / batch["response_mask"].sum().clamp(min=1)
-        )
+        mask = batch["response_mask"]
+        kl = (kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], "k3") * mask).sum()
+        kl_sum, tokens = dp_sum(actor, torch.stack([kl, mask.sum()]))
+        metrics["actor/kl"] = float(kl_sum / tokens.clamp(min=1))
     timings = mean_over_world(timings)  # rank-averaged phase times
     return {**metrics, **timings}

@@ -24,9 +24,14 @@ def global_scale(mask: Tensor, norm: LossNorm, agg: str) -> Tensor:
     return (mask.sum(-1) > 0).sum() / norm.num_sequences
 
 
-def metric_weight(micro_batch: dict[str, Tensor], norm: LossNorm) -> float:
-    """Metrics are row-weighted so that the engine's sum over micro-batches and mean over dp is a global mean."""
-    return micro_batch["input_ids"].shape[0] / norm.num_sequences
+AGGREGATED = ("pg_loss", "kl", "vf_loss")  # reduced with loss_agg; every other metric is a masked token mean
+
+
+def global_shares(metrics: dict[str, Tensor], mask: Tensor, norm: LossNorm, agg: str) -> dict[str, float]:
+    """Each micro-batch metric times its share of the global batch, so that the engine's sum over micro-batches and
+    mean over dp is the whole batch's value, however the layout splits it into micro-batches."""
+    return {k: float(v * global_scale(mask, norm, agg if k in AGGREGATED else "token_mean"))
+            for k, v in metrics.items()}
 
 
 def actor_loss(alg: AlgorithmConfig, temperature: float) -> LossFn:
@@ -42,8 +47,7 @@ def actor_loss(alg: AlgorithmConfig, temperature: float) -> LossFn:
             kl = aggregate(kl_penalty(logprobs, mb["ref_logprobs"], alg.kl_estimator), mask, alg.loss_agg)
             loss = loss + alg.kl_coef * kl
             metrics["kl"] = kl.detach()
-        weight = metric_weight(mb, norm)
-        return loss * global_scale(mask, norm, alg.loss_agg), {k: float(v) * weight for k, v in metrics.items()}
+        return loss * global_scale(mask, norm, alg.loss_agg), global_shares(metrics, mask, norm, alg.loss_agg)
 
     return loss_fn
 
@@ -52,8 +56,7 @@ def critic_loss(alg: AlgorithmConfig) -> LossFn:
     def loss_fn(out, mb: dict[str, Tensor], norm: LossNorm) -> tuple[Tensor, dict[str, float]]:
         mask = mb["response_mask"]
         loss, metrics = value_loss(out.values, mb["old_values"], mb["returns"], mask, alg.vf_clip, alg.loss_agg)
-        weight = metric_weight(mb, norm)
-        return loss * global_scale(mask, norm, alg.loss_agg), {k: float(v) * weight for k, v in metrics.items()}
+        return loss * global_scale(mask, norm, alg.loss_agg), global_shares(metrics, mask, norm, alg.loss_agg)
 
     return loss_fn
 
@@ -64,7 +67,7 @@ def sft_loss() -> LossFn:
     def loss_fn(out, mb: dict[str, Tensor], norm: LossNorm) -> tuple[Tensor, dict[str, float]]:
         mask = mb["response_mask"]
         nll = -token_logprobs(out.logits, mb["input_ids"])
-        loss = aggregate(nll, mask, "token_mean")
-        return loss * global_scale(mask, norm, "token_mean"), {"sft_loss": float(loss.detach()) * metric_weight(mb, norm)}
+        scaled = aggregate(nll, mask, "token_mean") * global_scale(mask, norm, "token_mean")
+        return scaled, {"sft_loss": float(scaled.detach())}
 
     return loss_fn

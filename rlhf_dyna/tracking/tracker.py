@@ -16,7 +16,7 @@ from rich.console import Console
 from rlhf_dyna.tracking.console import CONSOLE_KEYS, ConsoleSink
 
 WANDB_MODES: tuple[str, ...] = ("offline", "online", "disabled")
-WANDB_KEYS: frozenset[str] = frozenset({"wandb_mode", "project", "run_name", "console"})
+WANDB_KEYS: frozenset[str] = frozenset({"wandb_mode", "project", "run_name", "console", "transition_trace", "trace_syncs"})
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -38,7 +38,7 @@ class Tracker:
     output_dir: the run's output directory; gets metrics.jsonl and wandb's run directory.
     wandb_cfg: mapping with the keys of the `tracking` config group: wandb_mode
       ("offline" default | "online" | "disabled"), project, run_name (None: wandb picks);
-      a "console" key is accepted and ignored (that is the `console` argument). None = disabled.
+      "console" (that is the `console` argument) and the loop's trace keys are accepted and ignored. None = disabled.
     console: print a line per step (progress bar on a terminal).
     total_steps: the number of steps the run will make, for the progress bar.
     run_config: the resolved run config (plain dict), passed to wandb.init(config=...).

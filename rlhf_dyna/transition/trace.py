@@ -6,8 +6,9 @@ Each rank records its own events with wall-clock start times; `gather_trace` col
 from __future__ import annotations
 
 import json
+import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,21 +27,28 @@ class TraceEvent:
 
 
 class TraceRecorder:
-    """Collects this rank's events; `span` times one round."""
+    """Collects this rank's events; `span` times one round. `max_transitions` keeps, per event name, only the
+    first N transitions (a transition starts at its round 0); names it does not list are always kept."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, max_transitions: Mapping[str, int] | None = None) -> None:
         self.rank = rank
         self.events: list[TraceEvent] = []
+        self.max_transitions = dict(max_transitions or {})
+        self.transitions: dict[str, int] = {}  # transitions seen per name, kept or not
 
     @contextmanager
     def span(self, name: str, round_index: int, **args: float | int | str) -> Iterator[dict[str, float | int | str]]:
         """Times the block; the yielded dict can take more args (e.g. bytes known only at the end)."""
+        if round_index == 0:
+            self.transitions[name] = self.transitions.get(name, 0) + 1
+        keep = self.transitions.get(name, 0) <= self.max_transitions.get(name, math.inf)
         extra: dict[str, float | int | str] = dict(args)
         start = time.time()
         try:
             yield extra
         finally:
-            self.events.append(TraceEvent(name, self.rank, round_index, start, time.time() - start, extra))
+            if keep:
+                self.events.append(TraceEvent(name, self.rank, round_index, start, time.time() - start, extra))
 
 
 def chrome_trace(events: Iterable[TraceEvent]) -> dict[str, list[dict[str, object]]]:

@@ -56,3 +56,16 @@ def test_gather_trace_collects_every_rank_on_rank0(tmp_path: Path) -> None:
     run_ranks(_gather, 3, str(tmp_path / "trace.json"))
     spans = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"] if e["ph"] == "X"]
     assert sorted((e["pid"], e["args"]["round"]) for e in spans) == [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1), (2, 2)]
+
+
+def test_recorder_keeps_only_the_first_transitions_of_a_bounded_name() -> None:
+    recorder = TraceRecorder(rank=0, max_transitions={"train_to_rollout": 2})
+    for _ in range(3):  # three transitions of two rounds each, a relayout after each
+        for rnd in range(2):
+            with recorder.span("train_to_rollout", rnd):
+                pass
+        with recorder.span("train_relayout", 0):
+            pass
+    names = [(e.name, e.round) for e in recorder.events]
+    assert names.count(("train_to_rollout", 0)) == names.count(("train_to_rollout", 1)) == 2
+    assert names.count(("train_relayout", 0)) == 3
