@@ -22,7 +22,7 @@ from ..tracking.tracker import Tracker
 from ..transition.relayout import LayoutSwitch, relayout, switch_at
 from ..transition.sync import make_sync
 from ..transition.trace import TraceRecorder, gather_trace, write_chrome_trace
-from ..transition.vps_mover import make_vps_mover
+from ..transition.vps_mover import least_moving_layout, make_vps_mover
 from .batch import Sample, gather_samples, pack, rank_rows, split_rows
 from .objectives import actor_loss, critic_loss
 from .phases import evaluate, generate, supervised_warmup
@@ -90,8 +90,11 @@ def layout_schedule(cfg: Config) -> list[LayoutSwitch]:
 def change_layout(ctx: RankContext, layout, *engines, recorder: TraceRecorder | None = None):
     """Online change of the training layout: every engine's parameters and optimizer state move to the new
     (dp, tp, zero) layout in these processes; returns the new context, engines and the move's metrics.
-    With a recorder, each move's rounds are traced as train_relayout events."""
-    moved, totals = [], {"seconds": 0.0, "bytes_moved": 0.0, "rounds": 0.0, "peak_extra_bytes": 0.0}
+    With a recorder, each move's rounds are traced as train_relayout events. The new mesh's rank order is the one
+    whose plan moves the fewest bytes (see vps.rank_order); all engines take the actor's."""
+    searching = time.perf_counter()
+    layout = least_moving_layout(next(e for e in engines if e is not None), layout)
+    moved, totals = [], {"seconds": time.perf_counter() - searching, "bytes_moved": 0.0, "rounds": 0.0, "peak_extra_bytes": 0.0}
     for engine in engines:
         if engine is None:
             moved.append(None)
@@ -105,7 +108,7 @@ def change_layout(ctx: RankContext, layout, *engines, recorder: TraceRecorder | 
         received = torch.tensor([stats.bytes_received], dtype=torch.float64)
         dist.all_reduce(received)
         totals["bytes_moved"] += float(received)
-    new_ctx = replace(ctx, dp=layout.dp, tp=layout.tp)
+    new_ctx = replace(ctx, dp=layout.dp, tp=layout.tp, tp_outer=layout.tp_outer)
     return new_ctx, moved, {f"reshard/train_relayout/{k}": v for k, v in totals.items()}
 
 

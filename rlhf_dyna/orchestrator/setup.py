@@ -26,10 +26,11 @@ class RankContext:
     dp: int
     tp: int
     rollout_tp: int
+    tp_outer: bool = False  # the training mesh's rank order (train.mesh.build_mesh)
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // self.tp  # mesh is (dp, tp) with tp innermost
+        return self.rank % self.dp if self.tp_outer else self.rank // self.tp
 
     @property
     def rollout_replica(self) -> int:

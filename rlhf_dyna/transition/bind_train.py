@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from rlhf_dyna.models.catalog import catalog_from_config
+from rlhf_dyna.train.mesh import is_tp_outer
 from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.vps.layout import Layout, build_layout
 from rlhf_dyna.vps.model import ModelCatalog
@@ -30,23 +31,25 @@ def local_tensor(t: Tensor) -> Tensor:
     return t.to_local() if isinstance(t, DTensor) else t.detach()
 
 
-def mesh_shape(state: Mapping[StateKey, Tensor]) -> tuple[int, int]:
-    """(dp, tp) of the engine's mesh, read from the DTensors: TP'd params live on the 2-D (dp, tp) mesh, the
-    rest (and every param without TP) on the 1-D dp mesh. The mesh must cover ranks 0..world-1 in row-major
-    order, which is the VPS rank order (tp innermost)."""
+def mesh_order(state: Mapping[StateKey, Tensor]) -> tuple[int, int, bool]:
+    """(dp, tp, tp_outer) of the engine's mesh, read from the DTensors: TP'd params live on the 2-D (dp, tp) mesh,
+    the rest (and every param without TP) on the 1-D dp mesh. The mesh must cover ranks 0..world-1 in one of the
+    VPS train rank orders (tp innermost, or outermost: see train.mesh.build_mesh)."""
     meshes = {id(t.device_mesh): t.device_mesh for t in state.values() if isinstance(t, DTensor)}
     if not meshes:
         raise ValueError("no DTensor in the live state: not an FSDP2 engine")
     mesh = max(meshes.values(), key=lambda m: m.ndim)
     ranks = mesh.mesh.flatten().tolist()
-    if mesh.ndim > 2 or ranks != list(range(len(ranks))):
+    if mesh.ndim > 2 or sorted(ranks) != list(range(len(ranks))):
         raise ValueError(f"mesh {mesh.mesh_dim_names} over ranks {ranks}: VPS binding needs a (dp[, tp]) mesh over 0..N-1")
-    return (mesh.size(0), mesh.size(1)) if mesh.ndim == 2 else (mesh.size(0), 1)
+    if mesh.ndim == 1:
+        return mesh.size(0), 1, False
+    return mesh.size(0), mesh.size(1), is_tp_outer(mesh)
 
 
 def train_spec(state: Mapping[StateKey, Tensor]) -> ParallelSpec:
-    dp, tp = mesh_shape(state)
-    return ParallelSpec(Phase.TRAIN, dp=dp, tp=tp, zero=3)
+    dp, tp, tp_outer = mesh_order(state)
+    return ParallelSpec(Phase.TRAIN, dp=dp, tp=tp, zero=3, tp_outer=tp_outer)
 
 
 def state_kinds(state: Mapping[StateKey, Tensor]) -> tuple[Kind, ...]:

@@ -1,13 +1,16 @@
 """Execute one rank's share of a VPS schedule over a torch.distributed group (gloo on CPU, NCCL on GPU).
 
-    stats = execute(for_rank(schedule, rank), src_buffers, dst_buffers, group, verify=True, trace=recorder)
+    stats = execute(prepare(for_rank(schedule, rank)), src_buffers, dst_buffers, group, verify=True, trace=recorder)
 
 Buffers are this rank's local tensors keyed by the layout's buffer names (flat or shaped, contiguous); every
-transfer is a strided view (`as_strided`) at an element offset of one. Local copies need no communication and
-overlap round 0. Each round posts all of the rank's sends and receives in one `batch_isend_irecv`; messages
-are cut from the peer streams by `streams.StreamCutter`, identically on both ends. Sources whose dtype differs
-from the destination's (fp32 masters -> bf16 rollout) are cast while packing, so the wire carries destination
-bytes. Staging buffers live for one round only: the schedule's budget bounds them (plus one row per stream).
+transfer is a strided view (`as_strided`) at an element offset of one. `prepare` cuts the peer streams into
+messages once per plan (`streams.StreamCutter`, identically on both ends); callers that cache plans cache it.
+On gloo each message is posted the moment it is ready, with its index as tag: receives first, then zero-copy
+sends, then sends that need a pack copy, then the local copies, so copying overlaps what is already on the
+wire. On NCCL a round is one `batch_isend_irecv` (grouped, in the same order on both ends). Sources whose dtype
+differs from the destination's (fp32 masters -> bf16 rollout) are cast while packing, so the wire carries
+destination bytes. Staging buffers live for one round only: the schedule's budget bounds them (plus one row
+per stream).
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ from rlhf_dyna.transition.verify import check_destination, source_sums
 from rlhf_dyna.transition.views import TORCH_DTYPES, as_bytes, dst_view, peer_rank, src_view
 from rlhf_dyna.vps.rank_plan import RankPlan, Transfer
 
+PeerMessages = dict[int, list[Message]]
+
 
 @dataclass(frozen=True)
 class ExecStats:
@@ -36,6 +41,70 @@ class ExecStats:
     rounds: int  # schedule rounds (this rank may be idle in some)
     messages: int  # point-to-point messages this rank posted (sends + receives)
     peak_extra_bytes: int  # most bytes of staging buffers (pack / receive) alive at once on this rank
+
+
+@dataclass(frozen=True)
+class BufferNeed:
+    """What the plan needs of one bound buffer: its last element, its dtype (destinations), and who needs it."""
+
+    last: int
+    dtype: str | None
+    transfer: Transfer
+
+
+@dataclass(frozen=True)
+class PreparedPlan:
+    """A rank plan cut into messages, ready to run many times: per round, peer -> messages to send / receive."""
+
+    plan: RankPlan
+    sends: list[PeerMessages]
+    recvs: list[PeerMessages]
+    last_read: dict[int, list[str]]  # round -> source buffers read for the last time in it (-1: local copies)
+    src_needs: dict[str, BufferNeed]
+    dst_needs: dict[str, BufferNeed]
+
+
+def _needs(pairs: list[tuple[Transfer, str, int, tuple[int, ...]]], with_dtype: bool) -> dict[str, BufferNeed]:
+    out: dict[str, BufferNeed] = {}
+    for t, name, offset, strides in pairs:
+        last = offset + sum((n - 1) * s for n, s in zip(t.shape, strides))
+        if name not in out or last > out[name].last:
+            out[name] = BufferNeed(last, t.dtype if with_dtype else None, t)
+    return out
+
+
+def prepare(plan: RankPlan, direct_bytes: int = DIRECT_BYTES) -> PreparedPlan:
+    send_cut = {peer: StreamCutter(s.transfers) for peer, s in plan.sends.items()}
+    recv_cut = {peer: StreamCutter(s.transfers) for peer, s in plan.recvs.items()}
+    sends = [{p: send_cut[p].messages(lo, hi, direct_bytes) for p, (lo, hi) in r.sends.items()} for r in plan.rounds]
+    recvs = [{p: recv_cut[p].messages(lo, hi, direct_bytes) for p, (lo, hi) in r.recvs.items()} for r in plan.rounds]
+    last: dict[str, int] = {t.src_buffer: -1 for t in plan.copies}
+    for i, per_peer in enumerate(sends):
+        for m in (m for msgs in per_peer.values() for m in msgs):
+            for s in m.segments:
+                last[s.transfer.src_buffer] = i
+    last_read: dict[int, list[str]] = {}
+    for name, i in last.items():
+        last_read.setdefault(i, []).append(name)
+    outgoing = plan.copies + [t for s in plan.sends.values() for t in s.transfers]
+    incoming = plan.copies + [t for s in plan.recvs.values() for t in s.transfers]
+    src_needs = _needs([(t, t.src_buffer, t.src_offset, t.src_strides) for t in outgoing], with_dtype=False)
+    dst_needs = _needs([(t, t.dst_buffer, t.dst_offset, t.dst_strides) for t in incoming], with_dtype=True)
+    return PreparedPlan(plan, sends, recvs, last_read, src_needs, dst_needs)
+
+
+def check_buffers(p: PreparedPlan, src: Mapping[str, Tensor], dst: Mapping[str, Tensor]) -> None:
+    """Every buffer the plan names exists, destinations have the plan's dtype, views stay inside the buffers."""
+    for side, needs, buffers in (("source", p.src_needs, src), ("destination", p.dst_needs, dst)):
+        for name, need in needs.items():
+            t = need.transfer
+            if name not in buffers:
+                raise KeyError(f"{side} buffer {name!r} (for {t.tensor}/{t.kind.value}) is not bound on rank {p.plan.rank}")
+            if need.last >= buffers[name].numel():
+                raise ValueError(f"{t.tensor}/{t.kind.value}: {side} view ends at element {need.last} of {name!r} "
+                                 f"({buffers[name].numel()} elements); the bound tensor does not match the layout")
+            if need.dtype is not None and buffers[name].dtype != TORCH_DTYPES[need.dtype]:
+                raise TypeError(f"destination buffer {name!r} is {buffers[name].dtype}, the plan moves {need.dtype}")
 
 
 class RoundIO:
@@ -50,17 +119,24 @@ class RoundIO:
         self.staged_bytes += nbytes
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
-    def outgoing(self, m: Message) -> Tensor:
-        if not m.packed:
-            s = m.segments[0]
-            view = src_view(self.src, s.transfer)[s.r0:s.r1]
-            if view.dtype == TORCH_DTYPES[s.transfer.dtype] and view.is_contiguous():
-                return as_bytes(view)  # zero-copy: the message is the source slice itself
+    def direct(self, m: Message) -> Tensor | None:
+        """The message as the source slice itself (zero-copy), or None when it must be packed."""
+        if m.packed:
+            return None
+        s = m.segments[0]
+        view = src_view(self.src, s.transfer)[s.r0:s.r1]
+        return as_bytes(view) if view.dtype == TORCH_DTYPES[s.transfer.dtype] and view.is_contiguous() else None
+
+    def pack(self, m: Message) -> Tensor:
         buf = self._staging(m.nbytes)
         for s, at in zip(m.segments, m.offsets):
             piece = buf[at:at + s.nbytes].view(TORCH_DTYPES[s.transfer.dtype]).view(s.r1 - s.r0, *region_shape(s.transfer)[1:])
             piece.copy_(src_view(self.src, s.transfer)[s.r0:s.r1])  # casts when the source dtype differs
         return buf
+
+    def outgoing(self, m: Message) -> Tensor:
+        view = self.direct(m)
+        return view if view is not None else self.pack(m)
 
     def incoming(self, m: Message) -> Tensor:
         if not m.packed:
@@ -80,47 +156,26 @@ class RoundIO:
         self.unpack.clear()
 
 
-def check_buffers(plan: RankPlan, src: Mapping[str, Tensor], dst: Mapping[str, Tensor]) -> None:
-    """Every buffer the plan names exists, destinations have the plan's dtype, views stay inside the buffers."""
-    def check(t: Transfer, buffers: Mapping[str, Tensor], name: str, offset: int, strides: tuple[int, ...], side: str) -> None:
-        if name not in buffers:
-            raise KeyError(f"{side} buffer {name!r} (for {t.tensor}/{t.kind.value}) is not bound on rank {plan.rank}")
-        last = offset + sum((n - 1) * s for n, s in zip(t.shape, strides))
-        if last >= buffers[name].numel():
-            raise ValueError(f"{t.tensor}/{t.kind.value}: {side} view ends at element {last} of {name!r} "
-                             f"({buffers[name].numel()} elements); the bound tensor does not match the layout")
-        if side == "destination" and buffers[name].dtype != TORCH_DTYPES[t.dtype]:
-            raise TypeError(f"destination buffer {name!r} is {buffers[name].dtype}, the plan moves {t.dtype}")
-
-    outgoing = [t for s in plan.sends.values() for t in s.transfers]
-    incoming = [t for s in plan.recvs.values() for t in s.transfers]
-    for t in plan.copies + outgoing:
-        check(t, src, t.src_buffer, t.src_offset, t.src_strides, "source")
-    for t in plan.copies + incoming:
-        check(t, dst, t.dst_buffer, t.dst_offset, t.dst_strides, "destination")
+def post_streaming(io: RoundIO, sends: PeerMessages, recvs: PeerMessages, group: dist.ProcessGroup | None) -> list:
+    """gloo: post each message as soon as it is ready; tags (index within the peer's round) pair them up."""
+    works = [dist.irecv(io.incoming(m), peer_rank(group, p), group, tag=k) for p, msgs in recvs.items() for k, m in enumerate(msgs)]
+    to_pack = []
+    for p, msgs in sends.items():
+        for k, m in enumerate(msgs):
+            view = io.direct(m)
+            if view is None:
+                to_pack.append((p, k, m))
+            else:
+                works.append(dist.isend(view, peer_rank(group, p), group, tag=k))
+    works += [dist.isend(io.pack(m), peer_rank(group, p), group, tag=k) for p, k, m in to_pack]
+    return works
 
 
-def round_messages(plan: RankPlan, direct_bytes: int) -> tuple[list[dict[int, list[Message]]], list[dict[int, list[Message]]]]:
-    """Per round, peer -> messages to send and to receive (both ends cut the same streams the same way)."""
-    send_cut = {peer: StreamCutter(s.transfers) for peer, s in plan.sends.items()}
-    recv_cut = {peer: StreamCutter(s.transfers) for peer, s in plan.recvs.items()}
-    sends = [{p: send_cut[p].messages(lo, hi, direct_bytes) for p, (lo, hi) in r.sends.items()} for r in plan.rounds]
-    recvs = [{p: recv_cut[p].messages(lo, hi, direct_bytes) for p, (lo, hi) in r.recvs.items()} for r in plan.rounds]
-    return sends, recvs
-
-
-def release_rounds(plan: RankPlan, sends: list[dict[int, list[Message]]]) -> dict[int, list[str]]:
-    """Round -> source buffers read for the last time in it (-1: only by local copies, which run in round 0)."""
-    last: dict[str, int] = {t.src_buffer: -1 for t in plan.copies}
-    for i, per_peer in enumerate(sends):
-        for msgs in per_peer.values():
-            for m in msgs:
-                for s in m.segments:
-                    last[s.transfer.src_buffer] = i
-    out: dict[int, list[str]] = {}
-    for name, i in last.items():
-        out.setdefault(i, []).append(name)
-    return out
+def post_batched(io: RoundIO, sends: PeerMessages, recvs: PeerMessages, group: dist.ProcessGroup | None) -> list:
+    """NCCL: one grouped call per round (separate calls could deadlock), same message order on both ends."""
+    ops = [dist.P2POp(dist.irecv, io.incoming(m), peer_rank(group, p), group) for p, msgs in recvs.items() for m in msgs]
+    ops += [dist.P2POp(dist.isend, io.outgoing(m), peer_rank(group, p), group) for p, msgs in sends.items() for m in msgs]
+    return dist.batch_isend_irecv(ops) if ops else []
 
 
 def payload(msgs: list[Message]) -> int:
@@ -129,7 +184,7 @@ def payload(msgs: list[Message]) -> int:
 
 @torch.no_grad()
 def execute(
-    plan: RankPlan,
+    plan: RankPlan | PreparedPlan,
     src_buffers: Mapping[str, Tensor],
     dst_buffers: Mapping[str, Tensor],
     group: dist.ProcessGroup | None = None,
@@ -137,32 +192,28 @@ def execute(
     trace: TraceRecorder | None = None,
     trace_name: str = "vps",
     release: Callable[[str], None] | None = None,
-    direct_bytes: int = DIRECT_BYTES,
 ) -> ExecStats:
     """Collective over `group`: every rank runs its own plan of the same schedule.
 
     `release(name)` (in-place transitions) is called once per source buffer right after the last round that
     reads it, so its storage can be freed while later rounds still run. With `verify`, every destination
     region is checked against a checksum of its source afterwards (see `verify.check_destination`)."""
-    check_buffers(plan, src_buffers, dst_buffers)
+    p = plan if isinstance(plan, PreparedPlan) else prepare(plan)
+    check_buffers(p, src_buffers, dst_buffers)
     some = next(iter({**src_buffers, **dst_buffers}.values()), None)
     device = some.device if some is not None else torch.device("cpu")
-    sums = source_sums(plan, src_buffers) if verify else None  # taken before any source is released
-    sends, recvs = round_messages(plan, direct_bytes)
-    releases = release_rounds(plan, sends) if release is not None else {}
+    post = post_batched if dist.get_backend(group) == "nccl" else post_streaming
+    sums = source_sums(p.plan, src_buffers) if verify else None  # taken before any source is released
+    releases = {i: list(names) for i, names in p.last_read.items()} if release is not None else {}
     start = time.perf_counter()
     sent = received = messages = peak = 0
-    pending_copies = bool(plan.copies)
-    for i in range(len(plan.rounds)):
+    pending_copies = bool(p.plan.copies)
+    for i in range(len(p.plan.rounds)):
         with trace.span(trace_name, i) if trace is not None else nullcontext({}) as args:
             io = RoundIO(src_buffers, dst_buffers, device)
-            ops = [dist.P2POp(dist.irecv, io.incoming(m), peer_rank(group, p), group)
-                   for p, msgs in recvs[i].items() for m in msgs]
-            ops += [dist.P2POp(dist.isend, io.outgoing(m), peer_rank(group, p), group)
-                    for p, msgs in sends[i].items() for m in msgs]
-            works = dist.batch_isend_irecv(ops) if ops else []
+            works = post(io, p.sends[i], p.recvs[i], group)
             if pending_copies:  # local copies overlap the first round's communication
-                run_copies(plan.copies, src_buffers, dst_buffers)
+                run_copies(p.plan.copies, src_buffers, dst_buffers)
                 pending_copies = False
                 for name in releases.pop(-1, []):
                     release(name)
@@ -171,20 +222,20 @@ def execute(
             io.finish()
             for name in releases.pop(i, []):
                 release(name)
-            out_bytes, in_bytes = sum(map(payload, sends[i].values())), sum(map(payload, recvs[i].values()))
-            sent, received, messages = sent + out_bytes, received + in_bytes, messages + len(ops)
+            out_bytes, in_bytes = sum(map(payload, p.sends[i].values())), sum(map(payload, p.recvs[i].values()))
+            sent, received, messages = sent + out_bytes, received + in_bytes, messages + len(works)
             peak = max(peak, io.staged_bytes)
-            args.update(bytes_sent=out_bytes, bytes_received=in_bytes, messages=len(ops), staged_bytes=io.staged_bytes)
+            args.update(bytes_sent=out_bytes, bytes_received=in_bytes, messages=len(works), staged_bytes=io.staged_bytes)
     if pending_copies:  # a plan without rounds
-        run_copies(plan.copies, src_buffers, dst_buffers)
+        run_copies(p.plan.copies, src_buffers, dst_buffers)
         for name in releases.pop(-1, []):
             release(name)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     if verify:
-        check_destination(plan, sums, dst_buffers, group)
-    return ExecStats(seconds, sent, received, sum(t.nbytes for t in plan.copies), len(plan.rounds), messages, peak)
+        check_destination(p.plan, sums, dst_buffers, group)
+    return ExecStats(seconds, sent, received, sum(t.nbytes for t in p.plan.copies), len(p.plan.rounds), messages, peak)
 
 
 def run_copies(copies: list[Transfer], src: Mapping[str, Tensor], dst: Mapping[str, Tensor]) -> None:

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 
 from rlhf_dyna.models.build import ValueModel
 from rlhf_dyna.train.engine import TrainEngine, reshard
-from rlhf_dyna.train.mesh import build_mesh
+from rlhf_dyna.train.mesh import build_mesh, is_tp_outer
 from rlhf_dyna.transition.movers import MoveStats, StateKey, StateMover, move_by_full_tensors
 from rlhf_dyna.transition.trace import TraceRecorder
 
@@ -30,9 +30,10 @@ class TrainLayout:
     dp: int
     tp: int
     zero: int = 3  # ZeRO stage as FSDP2 maps it (train.parallelize.apply_fsdp)
+    tp_outer: bool = False  # rank order of the mesh (train.mesh.build_mesh); VPS picks the one that moves less
 
     def describe(self) -> str:
-        return f"dp{self.dp}xtp{self.tp}-zero{self.zero}"
+        return f"dp{self.dp}xtp{self.tp}-zero{self.zero}" + ("-tp_outer" if self.tp_outer else "")
 
 
 @dataclass(frozen=True)
@@ -67,23 +68,23 @@ def switch_at(schedule: Sequence[LayoutSwitch], step: int) -> TrainLayout | None
 
 
 def layout_of(engine: TrainEngine) -> TrainLayout:
-    return TrainLayout(engine.mesh["dp"].size(), engine.mesh["tp"].size(), engine.zero)
+    return TrainLayout(engine.mesh["dp"].size(), engine.mesh["tp"].size(), engine.zero, is_tp_outer(engine.mesh))
 
 
 class MeshCache:
-    """One DeviceMesh per (dp, tp): creating process groups is collective and gloo groups hold sockets and
-    threads, so switching back and forth reuses the meshes already built."""
+    """One DeviceMesh per (dp, tp, rank order): creating process groups is collective and gloo groups hold sockets
+    and threads, so switching back and forth reuses the meshes already built."""
 
     def __init__(self) -> None:
-        self._meshes: dict[tuple[int, int], DeviceMesh] = {}
+        self._meshes: dict[tuple[int, int, bool], DeviceMesh] = {}
 
     def add(self, mesh: DeviceMesh) -> None:
-        self._meshes.setdefault((mesh["dp"].size(), mesh["tp"].size()), mesh)
+        self._meshes.setdefault((mesh["dp"].size(), mesh["tp"].size(), is_tp_outer(mesh)), mesh)
 
-    def get(self, dp: int, tp: int) -> DeviceMesh:
-        if (dp, tp) not in self._meshes:
-            self._meshes[(dp, tp)] = build_mesh(dp, tp)
-        return self._meshes[(dp, tp)]
+    def get(self, dp: int, tp: int, tp_outer: bool = False) -> DeviceMesh:
+        if (dp, tp, tp_outer) not in self._meshes:
+            self._meshes[(dp, tp, tp_outer)] = build_mesh(dp, tp, tp_outer)
+        return self._meshes[(dp, tp, tp_outer)]
 
 
 MESHES = MeshCache()
@@ -167,7 +168,7 @@ def relayout(
     same parameters and AdamW state, and the mover's stats. The old engine is consumed (its state is freed).
     With a recorder, the move is one trace event (a round-level trace is the VPS executor's to record)."""
     meshes.add(engine.mesh)
-    mesh = meshes.get(layout.dp, layout.tp)
+    mesh = meshes.get(layout.dp, layout.tp, layout.tp_outer)
     new = empty_engine_like(engine, layout, mesh, model_factory(engine.model))
     step = _optimizer_step(engine)
     if step is not None:

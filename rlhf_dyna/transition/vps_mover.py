@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch.distributed as dist
 from torch import Tensor
 
+from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.transition.bind_train import (StateKey, bind_train_buffers, release_storage, state_kinds, train_catalog,
-                                             train_spec)
+                                             train_layout, train_spec)
 from rlhf_dyna.transition.executor import execute
 from rlhf_dyna.transition.movers import MoveStats, StateMover
+from rlhf_dyna.transition.relayout import TrainLayout, bind_train_state
 from rlhf_dyna.transition.trace import TraceRecorder
-from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
+from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned, ranks_per_node
+from rlhf_dyna.vps.rank_order import least_moving_order
+from rlhf_dyna.vps.spec import ParallelSpec, Phase
 
 
 def make_vps_mover(hf_config: object, budget_bytes: int = DEFAULT_BUDGET_BYTES, verify: bool = False,
@@ -42,3 +47,14 @@ def make_vps_mover(hf_config: object, budget_bytes: int = DEFAULT_BUDGET_BYTES, 
         return MoveStats(time.perf_counter() - start, stats.bytes_received, stats.rounds, stats.peak_extra_bytes)
 
     return move
+
+
+def least_moving_layout(engine: TrainEngine, layout: TrainLayout) -> TrainLayout:
+    """`layout` in the mesh rank order (TP innermost or outermost) whose plan moves the fewest bytes from the
+    engine's live state; same answer on every rank (planning is a pure function of the layouts)."""
+    source = bind_train_state(engine)
+    config = engine.model.config
+    spec = ParallelSpec(Phase.TRAIN, dp=layout.dp, tp=layout.tp, zero=3)  # bound state is always the sharded one
+    best = least_moving_order(train_layout(config, source), train_catalog(config, source), spec, state_kinds(source),
+                              ranks_per_node())
+    return replace(layout, tp_outer=best.tp_outer)

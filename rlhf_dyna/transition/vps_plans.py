@@ -6,11 +6,12 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from rlhf_dyna.transition.executor import PreparedPlan, prepare
 from rlhf_dyna.vps.cache import model_key
 from rlhf_dyna.vps.layout import Layout, build_layout
 from rlhf_dyna.vps.model import ModelCatalog
 from rlhf_dyna.vps.plan import build_plan
-from rlhf_dyna.vps.rank_plan import RankPlan, for_rank
+from rlhf_dyna.vps.rank_plan import for_rank
 from rlhf_dyna.vps.schedule import Schedule, build_schedule
 from rlhf_dyna.vps.spec import ParallelSpec
 from rlhf_dyna.vps.tensor import Kind
@@ -23,7 +24,7 @@ class PlannedTransition:
     src: Layout
     dst: Layout
     schedule: Schedule
-    rank_plan: RankPlan
+    rank_plan: PreparedPlan  # this rank's share, cut into messages once
 
 
 _CACHE: dict[tuple, PlannedTransition] = {}
@@ -41,5 +42,5 @@ def planned(src_catalog: ModelCatalog, src_spec: ParallelSpec, dst_catalog: Mode
         src = build_layout(src_catalog, src_spec, kinds)
         dst = build_layout(dst_catalog, dst_spec, kinds)
         schedule = build_schedule(build_plan(src, dst, ranks_per_node()), budget_bytes)
-        _CACHE[key] = PlannedTransition(src, dst, schedule, for_rank(schedule, rank))
+        _CACHE[key] = PlannedTransition(src, dst, schedule, prepare(for_rank(schedule, rank)))
     return _CACHE[key]

@@ -16,7 +16,8 @@ class Phase(str, Enum):
 class ParallelSpec:
     """One parallel configuration over ranks [first_rank, first_rank + world_size).
 
-    Train rank order (outer -> inner): pp, dp_replicate, dp, cp, tp.  FSDP (zero=3) shards dim 0 of
+    Train rank order (outer -> inner): pp, dp_replicate, dp, cp, tp; with tp_outer: pp, tp, dp_replicate,
+    dp, cp (the same mesh, transposed: the rank order that keeps more state in place for some changes).  FSDP (zero=3) shards dim 0 of
     the TP-local tensor over the flattened (dp, cp) group (torchtitan's dp_shard_cp); zero=1/2 keep
     params replicated and shard optimizer states (and grads for zero=2) the same way; zero=0 is DDP.
     Experts: the dp*cp*tp ranks of a stage are regrouped (outer -> inner) as (edp, ep, etp).
@@ -40,6 +41,7 @@ class ParallelSpec:
     master_weights: bool = False  # fp32 master copy besides the (low precision) params
     with_grads: bool = False  # grads persist across the transition (rarely: they are transient)
     first_rank: int = 0
+    tp_outer: bool = False  # train only: TP outermost within a PP stage instead of innermost
 
     @property
     def world_size(self) -> int:
@@ -69,4 +71,5 @@ class ParallelSpec:
             parts = dict(pp=self.pp, dp_replicate=self.dp_replicate, dp=self.dp, cp=self.cp, tp=self.tp,
                          ep=self.ep, etp=self.etp, zero=self.zero)
         body = ",".join(f"{k}={v}" for k, v in parts.items() if v != 1 or k in ("zero",))
-        return f"{self.phase.value}[{body or 'single'}]@{self.first_rank}"
+        order = ",tp_outer" if self.tp_outer else ""
+        return f"{self.phase.value}[{body or 'single'}{order}]@{self.first_rank}"

@@ -58,9 +58,7 @@ def train_entries(catalog: ModelCatalog, spec: ParallelSpec, kinds: tuple[Kind, 
     dims = catalog.dims
     validate(spec, dims)
     stages = stage_layers(spec, dims.num_layers)
-    grid = np.arange(spec.first_rank, spec.first_rank + spec.world_size).reshape(
-        spec.pp, spec.dp_replicate, spec.dp * spec.cp, spec.tp
-    )
+    grid = rank_grid(spec)
     memo: dict[tuple, Geometry] = {}
     for t in catalog.tensors:
         held_by = tensor_stages(t, stages, dims.tied_embeddings)
@@ -73,6 +71,14 @@ def train_entries(catalog: ModelCatalog, spec: ParallelSpec, kinds: tuple[Kind, 
                     p for slot, s in enumerate(held_by) for p in stage_pieces(t, grid[s], spec, sharded, slot)
                 ])
             yield Entry(catalog.logical(t, kind), memo[key], tuple(f"{n}:{kind.value}" for n in names))
+
+
+def rank_grid(spec: ParallelSpec) -> np.ndarray:
+    """Ranks on the canonical axes (pp, dp_replicate, dp*cp, tp), in the spec's rank order."""
+    ranks = np.arange(spec.first_rank, spec.first_rank + spec.world_size)
+    if spec.tp_outer:
+        return ranks.reshape(spec.pp, spec.tp, spec.dp_replicate, spec.dp * spec.cp).transpose(0, 2, 3, 1)
+    return ranks.reshape(spec.pp, spec.dp_replicate, spec.dp * spec.cp, spec.tp)
 
 
 def stage_pieces(t: CatalogTensor, stage: np.ndarray, spec: ParallelSpec, sharded: bool, slot: int):

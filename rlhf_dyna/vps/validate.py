@@ -77,6 +77,8 @@ def validate_rollout(spec: ParallelSpec, dims: ModelDims) -> None:
 
     if spec.cp != 1 or spec.dp_replicate != 1 or spec.etp != 1:
         raise SpecError("rollout specs take dp, vllm_dp, pp, tp, ep only; valid cp, dp_replicate, etp: 1")
+    if spec.tp_outer:
+        raise SpecError("tp_outer is a train rank order; vLLM's TP groups are consecutive ranks: valid tp_outer: False")
     kv = dims.num_kv_heads
     if spec.tp % kv and kv % spec.tp:
         valid = [t for t in divisors(dims.num_heads) if t % kv == 0 or kv % t == 0]

@@ -16,7 +16,7 @@ from rlhf_dyna.train.mesh import build_mesh
 from rlhf_dyna.transition.movers import local_of
 from rlhf_dyna.transition.relayout import TrainLayout, bind_train_state, relayout
 from rlhf_dyna.transition.trace import TraceRecorder
-from rlhf_dyna.transition.vps_mover import make_vps_mover
+from rlhf_dyna.transition.vps_mover import least_moving_layout, make_vps_mover
 from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.vps.cache import cached_plan
 from rlhf_dyna.vps.spec import ParallelSpec
@@ -49,11 +49,11 @@ def _relayout_both(rank: int, world: int, src: tuple[int, int], dst: tuple[int, 
     received = torch.tensor([stats.bytes_received])
     dist.all_reduce(received)
     plan = cached_plan(catalog_from_config(config, "float32", "float32"), ParallelSpec(dp=src[0], tp=src[1]),
-                       ParallelSpec(dp=dst[0], tp=dst[1]), world)
+                       ParallelSpec(dp=dst[0], tp=dst[1], tp_outer=TrainLayout(*dst).tp_outer), world)
     assert int(received) == plan.min_bytes > 0
     assert stats.rounds == len(recorder.events) >= 2
     assert [e.round for e in recorder.events] == list(range(stats.rounds))
-    batch = random_batch(seed=7 + dist.get_rank() // dst[1], batch=2)
+    batch = random_batch(seed=7 + moved.dp_rank, batch=2)
     assert moved.step(batch, nll_loss)["loss"] == reference.step(batch, nll_loss)["loss"]
 
 
@@ -65,3 +65,29 @@ def test_relayout_dp2_to_tp2_moves_params_and_adam_state():
 @pytest.mark.timeout(200)
 def test_relayout_dp4_to_dp2_tp2_in_place_moves_params_and_adam_state():
     run_ranks(_relayout_both, 4, (4, 1), (2, 2), 64 << 10, True)
+
+
+def _least_moving_order(rank: int, world: int) -> None:
+    """From FSDP dp4, TP outermost keeps every rank's own chunk of each column-parallel weight: the search finds it,
+    and the engine built on that mesh receives exactly that plan's bytes."""
+    engine = _trained(world, 4, 1)
+    layout = least_moving_layout(engine, TrainLayout(2, 2))
+    assert layout == TrainLayout(2, 2, 3, tp_outer=True)
+    catalog = catalog_from_config(engine.model.config, "float32", "float32")
+    inner, outer = (cached_plan(catalog, ParallelSpec(dp=4), ParallelSpec(dp=2, tp=2, tp_outer=o), world) for o in (False, True))
+    assert outer.min_bytes < 0.75 * inner.min_bytes
+    moved, stats = relayout(engine, layout, mover=make_vps_mover(engine.model.config, verify=True, in_place=True))
+    received = torch.tensor([stats.bytes_received])
+    dist.all_reduce(received)
+    assert int(received) == outer.min_bytes
+    assert moved.mesh["tp"].mesh.tolist() == [rank % 2, rank % 2 + 2] and moved.dp_rank == rank % 2
+
+
+@pytest.mark.timeout(200)
+def test_relayout_dp4_to_dp2_tp2_tp_outer_moves_params_and_adam_state():
+    run_ranks(_relayout_both, 4, (4, 1), (2, 2, 3, True), 64 << 10, True)
+
+
+@pytest.mark.timeout(150)
+def test_rank_order_search_picks_tp_outer_from_fsdp():
+    run_ranks(_least_moving_order, 4)

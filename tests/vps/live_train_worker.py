@@ -5,7 +5,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -28,11 +28,12 @@ for _i in range(CONFIG["num_hidden_layers"]):
     TP_PLAN[f"model.layers.{_i}.mlp.down_proj"] = RowwiseParallel()
 
 
-def build(dp: int, tp: int, fsdp: bool) -> LlamaForCausalLM:
+def build(dp: int, tp: int, fsdp: bool, tp_outer: bool) -> LlamaForCausalLM:
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**CONFIG)).float()
     if tp > 1:
-        mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+        ranks = torch.arange(dp * tp).reshape(tp, dp).T if tp_outer else torch.arange(dp * tp).reshape(dp, tp)
+        mesh = DeviceMesh("cpu", ranks, mesh_dim_names=("dp", "tp"))
         parallelize_module(model, mesh["tp"], TP_PLAN)
         dp_mesh = mesh["dp"]
     else:
@@ -44,14 +45,14 @@ def build(dp: int, tp: int, fsdp: bool) -> LlamaForCausalLM:
     return model
 
 
-def check(dp: int, tp: int, fsdp: bool) -> int:
+def check(dp: int, tp: int, fsdp: bool, tp_outer: bool = False) -> int:
     rank = dist.get_rank()
-    model = build(dp, tp, fsdp)
+    model = build(dp, tp, fsdp, tp_outer)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     for p in model.parameters():
         p.grad = torch.ones_like(p) * (1 + rank)
     opt.step()
-    spec = ParallelSpec(dp=dp, tp=tp, zero=3 if fsdp else 0)
+    spec = ParallelSpec(dp=dp, tp=tp, zero=3 if fsdp else 0, tp_outer=tp_outer)
     layout = build_layout(catalog_from_config(LlamaConfig(**CONFIG), param_dtype="float32"), spec)
     pieces = {(p.tensor.name, p.tensor.kind): p for p in layout.pieces(rank)}
     buffers = layout.buffers(rank)
@@ -75,7 +76,8 @@ def check(dp: int, tp: int, fsdp: bool) -> int:
     return checked
 
 
-CASES = {"fsdp4": (4, 1, True), "fsdp2_tp2": (2, 2, True), "ddp2_tp2": (2, 2, False)}
+CASES = {"fsdp4": (4, 1, True), "fsdp2_tp2": (2, 2, True), "ddp2_tp2": (2, 2, False),
+         "fsdp2_tp2_tp_outer": (2, 2, True, True)}  # TP groups {0, 2}, {1, 3}
 
 
 def main() -> None:
