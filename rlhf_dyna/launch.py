@@ -238,8 +238,8 @@ def init_distributed(timeout: timedelta | None = None) -> DistInfo:
     local_rank = _env_int("LOCAL_RANK", 0)
     local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
     node_rank = _env_int("GROUP_RANK", rank // local_world_size)
-    if torch.cuda.is_available():
-        backend, device = "nccl", torch.device("cuda", local_rank)
+    if torch.cuda.is_available():  # CUDA tensors over NCCL; metrics and control tensors on the CPU over gloo
+        backend, device = "cpu:gloo,cuda:nccl", torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")

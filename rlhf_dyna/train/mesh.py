@@ -15,7 +15,7 @@ def build_mesh(dp: int, tp: int, tp_outer: bool = False) -> DeviceMesh:
     world = dist.get_world_size()
     if dp * tp != world:
         raise ValueError(f"dp={dp} x tp={tp} = {dp * tp} != world size {world}; valid: dp = {world} // tp")
-    device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    device_type = "cuda" if "nccl" in dist.get_backend() else "cpu"
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
     if tp_outer:

@@ -9,8 +9,8 @@ On gloo each message is posted the moment it is ready, with its index as tag: re
 sends, then sends that need a pack copy, then the local copies, so copying overlaps what is already on the
 wire. On NCCL a round is one `batch_isend_irecv` (grouped, in the same order on both ends). Sources whose dtype
 differs from the destination's (fp32 masters -> bf16 rollout) are cast while packing, so the wire carries
-destination bytes. Staging buffers live for one round only: the schedule's budget bounds them (plus one row
-per stream).
+destination bytes. A round's staging lives for that round only: the schedule's budget bounds it (plus one row
+per stream); on the CPU its memory is reused from round to round (`StagingArena`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlhf_dyna.transition.streams import DIRECT_BYTES, Message, StreamCutter, region_shape
+from rlhf_dyna.transition.streams import DIRECT_BYTES, Message, StreamCutter, align, region_shape
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.verify import check_destination, source_sums
 from rlhf_dyna.transition.views import TORCH_DTYPES, as_bytes, dst_view, peer_rank, src_view
@@ -107,17 +107,45 @@ def check_buffers(p: PreparedPlan, src: Mapping[str, Tensor], dst: Mapping[str, 
                 raise TypeError(f"destination buffer {name!r} is {buffers[name].dtype}, the plan moves {need.dtype}")
 
 
+class StagingArena:
+    """Staging memory kept between rounds and transitions on the CPU, where fresh pages cost about 5x the copy that
+    fills them (fault + zeroing; CUDA's caching allocator already keeps GPU blocks). It grows to the largest round's
+    staging seen and stays allocated until `release()`."""
+
+    def __init__(self) -> None:
+        self.buffer: Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.buffer is None else self.buffer.numel()
+
+    def fit(self, nbytes: int) -> None:
+        if nbytes > self.nbytes:
+            self.buffer = None  # drop the old block before taking the larger one
+            self.buffer = torch.empty(nbytes, dtype=torch.uint8)
+
+    def release(self) -> None:
+        self.buffer = None
+
+
+STAGING = StagingArena()  # one per process: ranks run one transition at a time
+
+
 class RoundIO:
     """Staging of one round: what to send (packed or direct views) and where to receive (and unpack later)."""
 
     def __init__(self, src: Mapping[str, Tensor], dst: Mapping[str, Tensor], device: torch.device) -> None:
         self.src, self.dst, self.device = src, dst, device
+        self.arena = STAGING.buffer if device.type == "cpu" else None
         self.staged_bytes = 0
         self.unpack: list[tuple[Message, Tensor]] = []
 
     def _staging(self, nbytes: int) -> Tensor:
-        self.staged_bytes += nbytes
-        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        at = self.staged_bytes
+        self.staged_bytes += align(nbytes)
+        if self.arena is not None and self.staged_bytes <= self.arena.numel():
+            return self.arena[at:at + nbytes]
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)  # the arena grows after this round
 
     def direct(self, m: Message) -> Tensor | None:
         """The message as the source slice itself (zero-copy), or None when it must be packed."""
@@ -202,7 +230,7 @@ def execute(
     check_buffers(p, src_buffers, dst_buffers)
     some = next(iter({**src_buffers, **dst_buffers}.values()), None)
     device = some.device if some is not None else torch.device("cpu")
-    post = post_batched if dist.get_backend(group) == "nccl" else post_streaming
+    post = post_batched if device.type == "cuda" else post_streaming  # CUDA tensors travel over NCCL
     sums = source_sums(p.plan, src_buffers) if verify else None  # taken before any source is released
     releases = {i: list(names) for i, names in p.last_read.items()} if release is not None else {}
     start = time.perf_counter()
@@ -220,6 +248,8 @@ def execute(
             for w in works:
                 w.wait()
             io.finish()
+            if device.type == "cpu":
+                STAGING.fit(io.staged_bytes)
             for name in releases.pop(i, []):
                 release(name)
             out_bytes, in_bytes = sum(map(payload, p.sends[i].values())), sum(map(payload, p.recvs[i].values()))

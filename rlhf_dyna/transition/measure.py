@@ -55,7 +55,7 @@ def p2p_bandwidth(nbytes: int, repeats: int = 3, concurrent: bool = True) -> flo
         raise ValueError("point-to-point bandwidth needs at least 2 ranks")
     peer = rank ^ 1
     active = peer < world and (concurrent or rank < 2)
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in dist.get_backend() else torch.device("cpu")
     send = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     recv = torch.empty_like(send)
     best = float("inf")

@@ -26,6 +26,9 @@ def test_quick_bench_runs_every_baseline_and_writes_json_and_chart(tmp_path: Pat
     # dp4 -> tp2 x dp2: a rank needs half the model and holds a quarter; naive receives three quarters of it
     floor, naive = rows[("train_to_rollout", "floor")], rows[("train_to_rollout", "naive")]
     assert 0.3 < floor["bytes_moved"] / naive["bytes_moved"] < 0.7
-    for transition in ("train_to_rollout", "dp4_to_dp2tp2"):  # the plan moves exactly the minimum the layouts allow
+    for transition in ("train_to_rollout", "dp4_to_dp2tp2", "dp4_to_dp2tp2_searched"):  # exactly the layouts' minimum
         assert rows[(transition, "vps")]["bytes_moved"] == rows[(transition, "floor")]["bytes_moved"], transition
+    # the searched rank order (tp outermost) keeps every column-parallel chunk in place: far fewer bytes move
+    searched, plain = rows[("dp4_to_dp2tp2_searched", "vps")], rows[("dp4_to_dp2tp2", "vps")]
+    assert searched["bytes_moved"] < 0.5 * plain["bytes_moved"]
     assert (tmp_path / "bench_reshard.png").stat().st_size > 10_000
