@@ -6,7 +6,9 @@ Transitions (source: FSDP2 dp=world, ZeRO-3, fp32, random weights and full AdamW
   dp4_to_dp2tp2_searched   the same into the mesh rank order VPS's plan search picks (tp outermost: fewer bytes)
 Methods: vps (rlhf_dyna.transition: planner + executor), naive, redistribute, checkpoint (DCP save + load, same processes),
 checkpoint_restart (DCP save, then fresh processes: init, build, load), and the floor: the most bytes any one
-rank must receive over the point-to-point bandwidth measured in the same run (all ranks exchanging at once).
+rank must receive over the point-to-point bandwidth measured in the same run (all ranks exchanging at once);
+`x floor+copy` also counts the rank-local copy of what a rank keeps (at the copy rate measured in the same run,
+overlapped with the receives: the larger of the two), which dominates when a rank order keeps most state in place.
 `vps` and the floor's bandwidth are each the best of 3 runs; the other methods run once (JSON: every run).
 
     python scripts/bench_reshard.py --sizes 60m,150m,500m --out bench_out
@@ -35,7 +37,7 @@ from torch import Tensor
 from rlhf_dyna.models.build import ModelSpec, make_hf_config
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.transition import baselines
-from rlhf_dyna.transition.measure import PeakExtraMemory, p2p_bandwidth
+from rlhf_dyna.transition.measure import PeakExtraMemory, copy_bandwidth, p2p_bandwidth
 from rlhf_dyna.transition.movers import MoveStats, local_of, move_by_full_tensors
 from rlhf_dyna.transition.relayout import (MeshCache, TrainLayout, allocate_optimizer_state, bind_train_state,
                                            empty_engine_like, meta_skeleton)
@@ -103,6 +105,10 @@ def _same(a: list[float], b: list[float]) -> bool:
     return len(a) == len(b) and all(x == y or abs(x - y) <= 1e-9 * max(abs(x), abs(y)) for x, y in zip(a, b))
 
 
+def _bytes(tensors: dict[object, Tensor]) -> int:
+    return sum(local_of(t).numel() * local_of(t).element_size() for t in tensors.values())
+
+
 def _run(method: str, transition: str, fn: Callable[[], MoveStats], dst: dict[object, Tensor], reference: list[float] | None,
          repeats: int = 1) -> dict:
     """`repeats` timed runs, each into a NaN-filled destination and checked against `reference`."""
@@ -127,13 +133,14 @@ def bench_to_rollout(source_engine: TrainEngine, mesh2d) -> tuple[list[dict], in
     params = {name: t for (name, kind), t in bind_train_state(source_engine).items() if kind == "param"}
     target = RolloutTarget(source_engine.model.config, ROLLOUT_TP, dist.get_rank() % ROLLOUT_TP)
     must = baselines.must_receive_rollout(params, target)
+    local = _bytes(target.buffers) - must  # what this rank already holds: copied, not received
     naive = _run("naive", "train_to_rollout", lambda: baselines.naive_to_rollout(params, target), target.buffers, None)
     records = [naive, _run("redistribute", "train_to_rollout", lambda: baselines.redistribute_to_rollout(params, target, mesh2d),
                            target.buffers, naive["fingerprint"])]
     for method, repeats in (("vps_cold", 1), ("vps", VPS_REPEATS)):
         records.append(_run(method, "train_to_rollout", lambda: move_to_rollout_target(source_engine.model.config, params, target),
                             target.buffers, naive["fingerprint"], repeats))
-    return records, must
+    return records, (must, local)
 
 
 def bench_train_to_train(source_engine: TrainEngine, mesh2d, ckpt: str) -> tuple[list[dict], int, dict]:
@@ -142,6 +149,7 @@ def bench_train_to_train(source_engine: TrainEngine, mesh2d, ckpt: str) -> tuple
     allocate_optimizer_state(dst_engine, torch.tensor(0.0))
     destination = bind_train_state(dst_engine)
     must = baselines.must_receive_train(source, destination)
+    must = (must, _bytes(destination) - must)
     naive = _run("naive", "dp4_to_dp2tp2", lambda: move_by_full_tensors(source, destination), destination, None)
     records = [naive, _run("redistribute", "dp4_to_dp2tp2", lambda: baselines.redistribute_train(source, destination, mesh2d),
                            destination, naive["fingerprint"])]
@@ -171,6 +179,7 @@ def bench_searched_order(source_engine: TrainEngine, meshes: MeshCache) -> tuple
     allocate_optimizer_state(dst_engine, torch.tensor(0.0))
     destination = bind_train_state(dst_engine)
     must = baselines.must_receive_train(source, destination)
+    must = (must, _bytes(destination) - must)
     naive = _run("naive", SEARCHED, lambda: move_by_full_tensors(source, destination), destination, None)
     records = [naive]
     vps_mover = make_vps_mover(source_engine.model.config)
@@ -185,7 +194,8 @@ def rank_main(rank: int, world: int, port: int, size: str, transitions: list[str
     dist.init_process_group("gloo", rank=rank, world_size=world)
     meshes = MeshCache()
     mesh2d = meshes.get(DST_LAYOUT.dp, DST_LAYOUT.tp)
-    bandwidth = {"concurrent": p2p_bandwidth(bw_bytes, concurrent=True), "single_pair": p2p_bandwidth(bw_bytes, concurrent=False)}
+    bandwidth = {"concurrent": p2p_bandwidth(bw_bytes, concurrent=True), "single_pair": p2p_bandwidth(bw_bytes, concurrent=False),
+                 "copy": copy_bandwidth(bw_bytes)}
     source_engine = random_source(SIZES[size], meshes, adamw_state=bool({"dp4_to_dp2tp2", SEARCHED} & set(transitions)))
     report: dict = dict(rank=rank, records=[], must_receive={}, bandwidth=bandwidth)
     if "train_to_rollout" in transitions:
@@ -247,12 +257,16 @@ def time_restart(size: str, ckpt: str, work: Path) -> tuple[float, list[list[flo
 
 def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[float]]] | None) -> list[dict]:
     """One row per (transition, method): slowest rank's seconds, bytes over all ranks, largest rank's peak."""
-    bandwidth = per_rank[0]["bandwidth"]["concurrent"]
+    bandwidth, copy_rate = per_rank[0]["bandwidth"]["concurrent"], per_rank[0]["bandwidth"]["copy"]
     rows = []
     for transition in per_rank[0]["must_receive"]:
-        must = [r["must_receive"][transition] for r in per_rank]
+        must = [r["must_receive"][transition][0] for r in per_rank]
+        local = [r["must_receive"][transition][1] for r in per_rank]
+        # with_copies: also the rank-local copy of what a rank keeps, fully overlapped (max, not sum): still a floor
+        with_copies = max(max(m / bandwidth, c / copy_rate) for m, c in zip(must, local))
         floor = dict(size=size, transition=transition, method="floor", seconds=max(must) / bandwidth, bytes_moved=sum(must),
-                     max_rank_bytes=max(must), peak_extra_bytes=None, correct=True, bandwidth_bytes_per_s=bandwidth)
+                     max_rank_bytes=max(must), peak_extra_bytes=None, correct=True, bandwidth_bytes_per_s=bandwidth,
+                     local_bytes=local, copy_bytes_per_s=copy_rate, with_copies_seconds=with_copies)
         rows.append(floor)
         methods = [rec["method"] for rec in per_rank[0]["records"] if rec["transition"] == transition]
         for method in methods:
@@ -273,6 +287,7 @@ def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[f
         for row in rows:
             if row["transition"] == transition:
                 row["x_floor"], row["x_naive"] = row["seconds"] / floor["seconds"], row["seconds"] / naive
+                row["x_floor_with_copies"] = row["seconds"] / with_copies
     return rows
 
 
@@ -281,12 +296,13 @@ def _mb(value: float | None) -> str:
 
 
 def print_table(rows: list[dict], params: dict[str, int]) -> None:
-    header = f"{'size':>6} {'transition':<22} {'method':<19} {'seconds':>9} {'x floor':>8} {'x naive':>8} {'MiB moved':>10} {'max rank MiB':>12} {'peak extra MiB':>14} ok"
+    header = (f"{'size':>6} {'transition':<22} {'method':<19} {'seconds':>9} {'x floor':>8} {'x floor+copy':>12} {'x naive':>8} "
+              f"{'MiB moved':>10} {'max rank MiB':>12} {'peak extra MiB':>14} ok")
     print(header)
     print("-" * len(header))
     for r in rows:
         size = f"{params[r['size']] / 1e6:.0f}M" if params[r["size"]] >= 1e6 else f"{params[r['size']] / 1e3:.0f}K"
-        print(f"{size:>6} {r['transition']:<22} {r['method']:<19} {r['seconds']:>9.3f} {r['x_floor']:>8.2f} {r['x_naive']:>8.2f} "
+        print(f"{size:>6} {r['transition']:<22} {r['method']:<19} {r['seconds']:>9.3f} {r['x_floor']:>8.2f} {r.get('x_floor_with_copies', float('nan')):>12.2f} {r['x_naive']:>8.2f} "
               f"{_mb(r['bytes_moved']):>10} {_mb(r['max_rank_bytes']):>12} {_mb(r['peak_extra_bytes']):>14} {'yes' if r['correct'] else 'NO'}")
 
 

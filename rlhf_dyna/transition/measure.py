@@ -72,3 +72,23 @@ def p2p_bandwidth(nbytes: int, repeats: int = 3, concurrent: bool = True) -> flo
         if attempt > 0:
             best = min(best, float(elapsed))
     return nbytes / best
+
+
+def copy_bandwidth(nbytes: int, repeats: int = 3) -> float:
+    """Collective: bytes/s one rank copies locally (`Tensor.copy_` between warm buffers) while every rank does the
+    same (best of `repeats`): the rate of the rank-local part of a transition, on the ranks' own device."""
+    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in dist.get_backend() else torch.device("cpu")
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.zeros_like(src)  # both touched: page faults are not part of the rate
+    best = float("inf")
+    for attempt in range(repeats + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        dst.copy_(src)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        if attempt > 0:
+            best = min(best, float(elapsed))
+    return nbytes / best
