@@ -9,7 +9,8 @@ checkpoint_restart (DCP save, then fresh processes: init, build, load), and the 
 rank must receive over the point-to-point bandwidth measured in the same run (all ranks exchanging at once);
 `x floor+copy` also counts the rank-local copy of what a rank keeps (at the copy rate measured in the same run,
 overlapped with the receives: the larger of the two), which dominates when a rank order keeps most state in place.
-`vps` and the floor's bandwidth are each the best of 3 runs; the other methods run once (JSON: every run).
+`vps` runs 3 times, each paired with a bandwidth probe right before it: the table shows the median run, the
+median paired floor, and the median of the paired ratios (x floor); the other methods run once (JSON: every run).
 
     python scripts/bench_reshard.py --sizes 60m,150m,500m --out bench_out
     python scripts/bench_reshard.py --quick --out /tmp/bench      # tiny model, < 1 min
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import multiprocessing
 import os
 import socket
@@ -46,9 +48,11 @@ from rlhf_dyna.transition.vps_mover import least_moving_layout, make_vps_mover
 from rlhf_dyna.transition.vps_targets import move_to_rollout_target
 
 # VPS (planner + executor) moves the same state into the same target: `vps_cold` once, planning included, then `vps`
-# VPS_REPEATS times with the cached plan, as every transition after a run's first does; the table shows the best
-# of those (the floor's bandwidth is also a best of 3), the JSON every run.
+# VPS_REPEATS times with the cached plan, as every transition after a run's first does, each right after its own
+# bandwidth probe: on a shared 2-core VM the p2p rate drifts by +-30% within minutes, so the floor of a run is taken
+# in the same machine state. The table shows medians (runs, their floors, paired ratios); the JSON every run.
 VPS_REPEATS = 3
+PROBE_BYTES = 256 << 20  # the paired bandwidth probe before each warm vps run (--bw-mib sets the start probe)
 
 WORLD = 4
 ROLLOUT_TP = 2
@@ -110,13 +114,16 @@ def _bytes(tensors: dict[object, Tensor]) -> int:
 
 
 def _run(method: str, transition: str, fn: Callable[[], MoveStats], dst: dict[object, Tensor], reference: list[float] | None,
-         repeats: int = 1) -> dict:
-    """`repeats` timed runs, each into a NaN-filled destination and checked against `reference`."""
-    seconds, peak, correct = [], 0, True
+         repeats: int = 1, probe_bytes: int = 0) -> dict:
+    """`repeats` timed runs, each into a NaN-filled destination and checked against `reference`; with probe_bytes,
+    each run is paired with a p2p bandwidth probe right before it (the floor of that run: same machine state)."""
+    seconds, bandwidths, peak, correct = [], [], 0, True
     for _ in range(repeats):
         with torch.no_grad():
             for tensor in dst.values():
                 local_of(tensor).fill_(float("nan"))
+        if probe_bytes:
+            bandwidths.append(p2p_bandwidth(probe_bytes, repeats=1))
         dist.barrier()
         with PeakExtraMemory() as memory:
             stats = fn()
@@ -125,7 +132,7 @@ def _run(method: str, transition: str, fn: Callable[[], MoveStats], dst: dict[ob
         seconds.append(stats.seconds)
         peak = max(peak, memory.peak_extra_bytes, stats.peak_extra_bytes)  # RSS misses reused staging (StagingArena)
         correct = correct and (reference is None or _same(got, reference))
-    return dict(method=method, transition=transition, seconds=seconds, bytes_received=stats.bytes_received,
+    return dict(method=method, transition=transition, seconds=seconds, bandwidths=bandwidths, bytes_received=stats.bytes_received,
                 rounds=stats.rounds, peak_extra_bytes=peak, correct=correct, fingerprint=got)
 
 
@@ -139,7 +146,7 @@ def bench_to_rollout(source_engine: TrainEngine, mesh2d) -> tuple[list[dict], in
                            target.buffers, naive["fingerprint"])]
     for method, repeats in (("vps_cold", 1), ("vps", VPS_REPEATS)):
         records.append(_run(method, "train_to_rollout", lambda: move_to_rollout_target(source_engine.model.config, params, target),
-                            target.buffers, naive["fingerprint"], repeats))
+                            target.buffers, naive["fingerprint"], repeats, PROBE_BYTES if method == "vps" else 0))
     return records, (must, local)
 
 
@@ -155,7 +162,7 @@ def bench_train_to_train(source_engine: TrainEngine, mesh2d, ckpt: str) -> tuple
                            destination, naive["fingerprint"])]
     vps_mover = make_vps_mover(source_engine.model.config)  # not in place: the other methods reuse the source
     for method, repeats in (("vps_cold", 1), ("vps", VPS_REPEATS)):
-        records.append(_run(method, "dp4_to_dp2tp2", lambda: vps_mover(source, destination), destination, naive["fingerprint"], repeats))
+        records.append(_run(method, "dp4_to_dp2tp2", lambda: vps_mover(source, destination), destination, naive["fingerprint"], repeats, PROBE_BYTES if method == "vps" else 0))
     saved: dict[str, float] = {}
 
     def checkpoint() -> MoveStats:
@@ -184,7 +191,7 @@ def bench_searched_order(source_engine: TrainEngine, meshes: MeshCache) -> tuple
     records = [naive]
     vps_mover = make_vps_mover(source_engine.model.config)
     for method, repeats in (("vps_cold", 1), ("vps", VPS_REPEATS)):
-        records.append(_run(method, SEARCHED, lambda: vps_mover(source, destination), destination, naive["fingerprint"], repeats))
+        records.append(_run(method, SEARCHED, lambda: vps_mover(source, destination), destination, naive["fingerprint"], repeats, PROBE_BYTES if method == "vps" else 0))
     return records, must, layout.describe()
 
 
@@ -257,11 +264,14 @@ def time_restart(size: str, ckpt: str, work: Path) -> tuple[float, list[list[flo
 
 def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[float]]] | None) -> list[dict]:
     """One row per (transition, method): slowest rank's seconds, bytes over all ranks, largest rank's peak."""
-    bandwidth, copy_rate = per_rank[0]["bandwidth"]["concurrent"], per_rank[0]["bandwidth"]["copy"]
+    copy_rate = per_rank[0]["bandwidth"]["copy"]
     rows = []
     for transition in per_rank[0]["must_receive"]:
         must = [r["must_receive"][transition][0] for r in per_rank]
         local = [r["must_receive"][transition][1] for r in per_rank]
+        vps = next((x for x in per_rank[0]["records"] if x["transition"] == transition and x["bandwidths"]), None)
+        paired = vps["bandwidths"] if vps else []  # identical on every rank (the probe all-reduces its time)
+        bandwidth = statistics.median(paired) if paired else per_rank[0]["bandwidth"]["concurrent"]
         # with_copies: also the rank-local copy of what a rank keeps, fully overlapped (max, not sum): still a floor
         with_copies = max(max(m / bandwidth, c / copy_rate) for m, c in zip(must, local))
         floor = dict(size=size, transition=transition, method="floor", seconds=max(must) / bandwidth, bytes_moved=sum(must),
@@ -273,7 +283,9 @@ def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[f
             recs = [next(x for x in r["records"] if x["transition"] == transition and x["method"] == method) for r in per_rank]
             received = [x["bytes_received"] for x in recs]
             runs = [max(run) for run in zip(*(x["seconds"] for x in recs))]  # each run: its slowest rank
-            rows.append(dict(size=size, transition=transition, method=method, seconds=min(runs), seconds_runs=runs,
+            ratios = [t * bw / max(must) for t, bw in zip(runs, recs[0]["bandwidths"])]  # run / its paired floor
+            rows.append(dict(size=size, transition=transition, method=method, seconds=statistics.median(runs), seconds_runs=runs,
+                             paired_floor_ratios=ratios,
                              bytes_moved=sum(received) if min(received) >= 0 else None,
                              max_rank_bytes=max(received) if min(received) >= 0 else None,
                              peak_extra_bytes=max(x["peak_extra_bytes"] for x in recs), correct=all(x["correct"] for x in recs)))
@@ -287,6 +299,8 @@ def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[f
         for row in rows:
             if row["transition"] == transition:
                 row["x_floor"], row["x_naive"] = row["seconds"] / floor["seconds"], row["seconds"] / naive
+                if row.get("paired_floor_ratios"):
+                    row["x_floor"] = statistics.median(row["paired_floor_ratios"])
                 row["x_floor_with_copies"] = row["seconds"] / with_copies
     return rows
 
