@@ -326,7 +326,8 @@ def plot(rows: list[dict], params: dict[str, int], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    transitions = sorted({r["transition"] for r in rows}, reverse=True)
+    transitions = [t for t in TRANSITIONS if any(r["transition"] == t for r in rows)]
+    colors = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(r["method"] for r in rows))}  # one color per method
     fig, axes = plt.subplots(1, len(transitions), figsize=(7 * len(transitions), 5), squeeze=False)
     for ax, transition in zip(axes[0], transitions):
         mine = [r for r in rows if r["transition"] == transition]
@@ -335,7 +336,7 @@ def plot(rows: list[dict], params: dict[str, int], path: Path) -> None:
         width = 0.8 / len(methods)
         for i, method in enumerate(methods):
             seconds = [next((r["seconds"] for r in mine if r["size"] == s and r["method"] == method), 0.0) for s in sizes]
-            ax.bar([x + i * width for x in range(len(sizes))], seconds, width, label=method)
+            ax.bar([x + i * width for x in range(len(sizes))], seconds, width, label=method, color=colors[method])
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(sizes))], [f"{params[s] / 1e6:.0f}M params" for s in sizes])
         ax.set_yscale("log")
         ax.set_ylabel("seconds (slowest rank)")

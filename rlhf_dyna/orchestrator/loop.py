@@ -19,7 +19,7 @@ from ..rollout.vllm_engine import VLLMRollout
 from ..tasks.base import Example
 from ..tasks.tokenizer import CharTokenizer
 from ..tracking.tracker import Tracker
-from ..transition.relayout import LayoutSwitch, relayout, switch_at
+from ..transition.relayout import LayoutSwitch, layout_of, relayout, switch_at
 from ..transition.sync import make_sync
 from ..transition.trace import TraceRecorder, gather_trace, write_chrome_trace
 from ..transition.vps_mover import least_moving_layout, make_vps_mover
@@ -93,6 +93,7 @@ def change_layout(ctx: RankContext, layout, *engines, recorder: TraceRecorder | 
     With a recorder, each move's rounds are traced as train_relayout events. The new mesh's rank order is the one
     whose plan moves the fewest bytes (see vps.rank_order); all engines take the actor's."""
     searching = time.perf_counter()
+    before = layout_of(next(e for e in engines if e is not None))
     layout = least_moving_layout(next(e for e in engines if e is not None), layout)
     moved, totals = [], {"seconds": time.perf_counter() - searching, "bytes_moved": 0.0, "rounds": 0.0, "peak_extra_bytes": 0.0}
     for engine in engines:
@@ -108,6 +109,9 @@ def change_layout(ctx: RankContext, layout, *engines, recorder: TraceRecorder | 
         received = torch.tensor([stats.bytes_received], dtype=torch.float64)
         dist.all_reduce(received)
         totals["bytes_moved"] += float(received)
+    if ctx.rank == 0:
+        print(f"rlhf_dyna: training layout {before.describe()} -> {layout.describe()}: moved "
+              f"{totals['bytes_moved'] / 2**20:,.1f} MiB in {totals['seconds']:.3f} s", flush=True)
     new_ctx = replace(ctx, dp=layout.dp, tp=layout.tp, tp_outer=layout.tp_outer)
     return new_ctx, moved, {f"reshard/train_relayout/{k}": v for k, v in totals.items()}
 

@@ -42,14 +42,7 @@ def run(run_dir: Path, *extra: str) -> list[dict]:
     return read_metrics(run_dir)
 
 
-def traced_rounds(spans: list[dict], name: str, rank: int) -> list[int]:
-    return [e["args"]["round"] for e in sorted(spans, key=lambda e: e["ts"]) if e["name"] == name and e["pid"] == rank]
-
-
-def test_layout_switches_leave_losses_and_rewards_unchanged_and_are_traced(tmp_path: Path) -> None:
-    fixed = run(tmp_path / "fixed", "tracking.transition_trace=false")
-    switched = run(tmp_path / "switched", SCHEDULE, f"tracking.trace_syncs={TRACED_SYNCS}")
-
+def assert_same_run(fixed: list[dict], switched: list[dict]) -> None:
     assert [r["step"] for r in fixed] == [r["step"] for r in switched] == [0, 1, 2, 3, 4]
     assert any(abs(r["actor/pg_loss"]) > 1e-3 for r in fixed[1:]), "no learning signal: equality would be vacuous"
     differences = []
@@ -60,6 +53,17 @@ def test_layout_switches_leave_losses_and_rewards_unchanged_and_are_traced(tmp_p
                 differences.append((a["step"], key, x, b[key]))
     assert not differences, differences
     assert {"actor/pg_loss", "actor/grad_norm", "reward/mean", "eval/accuracy"} <= compared(fixed[-1]).keys()
+
+
+def traced_rounds(spans: list[dict], name: str, rank: int) -> list[int]:
+    return [e["args"]["round"] for e in sorted(spans, key=lambda e: e["ts"]) if e["name"] == name and e["pid"] == rank]
+
+
+def test_layout_switches_leave_losses_and_rewards_unchanged_and_are_traced(tmp_path: Path) -> None:
+    fixed = run(tmp_path / "fixed", "tracking.transition_trace=false")
+    switched = run(tmp_path / "switched", SCHEDULE, f"tracking.trace_syncs={TRACED_SYNCS}")
+
+    assert_same_run(fixed, switched)
 
     for row in switched:
         assert (row.get("reshard/train_relayout/bytes_moved", 0) > 0) == (row["step"] in SWITCH_STEPS), row
@@ -75,3 +79,17 @@ def test_layout_switches_leave_losses_and_rewards_unchanged_and_are_traced(tmp_p
     for rank in (0, 1):
         assert traced_rounds(spans, "train_to_rollout", rank) == [i for n in sync_rounds for i in range(n)]
         assert traced_rounds(spans, "train_relayout", rank) == [i for n in relayout_rounds for i in range(n)]
+
+
+def test_switch_into_the_searched_rank_order_leaves_losses_unchanged(tmp_path: Path) -> None:
+    """4 ranks, dp4 -> dp2 x tp2 before step 3: the rank order search puts TP outermost (TP groups {0, 2}, {1, 3}),
+    so data-parallel ranks and batch rows are assigned differently from the default mesh; results must not move."""
+    world = ["parallel.world_size=4", "tracking.transition_trace=false"]
+    fixed = run(tmp_path / "fixed", *world)
+    proc = run_app(*RUN, *world, "parallel.schedule=[{step: 3, tp: 2}]", f"hydra.run.dir={tmp_path / 'switched'}",
+                   timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "training layout dp4xtp1-zero3 -> dp2xtp2-zero3-tp_outer" in proc.stdout
+    switched = read_metrics(tmp_path / "switched")
+    assert_same_run(fixed, switched)
+    assert [r["step"] for r in switched if r.get("reshard/train_relayout/bytes_moved", 0) > 0] == [3]
