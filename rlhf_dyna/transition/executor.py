@@ -110,7 +110,7 @@ def check_buffers(p: PreparedPlan, src: Mapping[str, Tensor], dst: Mapping[str, 
 class StagingArena:
     """Staging memory kept between rounds and transitions on the CPU, where fresh pages cost about 5x the copy that
     fills them (fault + zeroing; CUDA's caching allocator already keeps GPU blocks). It grows to the largest round's
-    staging seen and stays allocated until `release()`."""
+    staging seen (at most the schedule's budget plus a row per stream) and stays allocated."""
 
     def __init__(self) -> None:
         self.buffer: Tensor | None = None
@@ -123,9 +123,6 @@ class StagingArena:
         if nbytes > self.nbytes:
             self.buffer = None  # drop the old block before taking the larger one
             self.buffer = torch.empty(nbytes, dtype=torch.uint8)
-
-    def release(self) -> None:
-        self.buffer = None
 
 
 STAGING = StagingArena()  # one per process: ranks run one transition at a time
