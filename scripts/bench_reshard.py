@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import multiprocessing
 import os
 import socket
@@ -36,6 +35,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
+from bench_report import same_fingerprint, summarize, write_report
 from rlhf_dyna.models.build import ModelSpec, make_hf_config
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.transition import baselines
@@ -59,6 +59,7 @@ ROLLOUT_TP = 2
 DST_LAYOUT = TrainLayout(dp=2, tp=2, zero=3)
 SEARCHED = "dp4_to_dp2tp2_searched"  # the same change in the rank order the VPS plan search picks
 TRANSITIONS = ("train_to_rollout", "dp4_to_dp2tp2", SEARCHED)
+SETUP = dict(world=WORLD, rollout_tp=ROLLOUT_TP, dst_layout=DST_LAYOUT.describe())  # recorded in the JSON
 
 
 def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int = 32000) -> ModelSpec:
@@ -105,10 +106,6 @@ def fingerprint(tensors: dict[object, Tensor]) -> list[float]:
     return out
 
 
-def _same(a: list[float], b: list[float]) -> bool:
-    return len(a) == len(b) and all(x == y or abs(x - y) <= 1e-9 * max(abs(x), abs(y)) for x, y in zip(a, b))
-
-
 def _bytes(tensors: dict[object, Tensor]) -> int:
     return sum(local_of(t).numel() * local_of(t).element_size() for t in tensors.values())
 
@@ -131,7 +128,7 @@ def _run(method: str, transition: str, fn: Callable[[], MoveStats], dst: dict[ob
         got = fingerprint(dst)
         seconds.append(stats.seconds)
         peak = max(peak, memory.peak_extra_bytes, stats.peak_extra_bytes)  # RSS misses reused staging (StagingArena)
-        correct = correct and (reference is None or _same(got, reference))
+        correct = correct and (reference is None or same_fingerprint(got, reference))
     return dict(method=method, transition=transition, seconds=seconds, bandwidths=bandwidths, bytes_received=stats.bytes_received,
                 rounds=stats.rounds, peak_extra_bytes=peak, correct=correct, fingerprint=got)
 
@@ -262,90 +259,6 @@ def time_restart(size: str, ckpt: str, work: Path) -> tuple[float, list[list[flo
     return max(r["done"] for r in reports) - start, [r["fingerprint"] for r in reports]
 
 
-def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[float]]] | None) -> list[dict]:
-    """One row per (transition, method): slowest rank's seconds, bytes over all ranks, largest rank's peak."""
-    copy_rate = per_rank[0]["bandwidth"]["copy"]
-    rows = []
-    for transition in per_rank[0]["must_receive"]:
-        must = [r["must_receive"][transition][0] for r in per_rank]
-        local = [r["must_receive"][transition][1] for r in per_rank]
-        vps = next((x for x in per_rank[0]["records"] if x["transition"] == transition and x["bandwidths"]), None)
-        paired = vps["bandwidths"] if vps else []  # identical on every rank (the probe all-reduces its time)
-        bandwidth = statistics.median(paired) if paired else per_rank[0]["bandwidth"]["concurrent"]
-        # with_copies: also the rank-local copy of what a rank keeps, fully overlapped (max, not sum): still a floor
-        with_copies = max(max(m / bandwidth, c / copy_rate) for m, c in zip(must, local))
-        floor = dict(size=size, transition=transition, method="floor", seconds=max(must) / bandwidth, bytes_moved=sum(must),
-                     max_rank_bytes=max(must), peak_extra_bytes=None, correct=True, bandwidth_bytes_per_s=bandwidth,
-                     local_bytes=local, copy_bytes_per_s=copy_rate, with_copies_seconds=with_copies)
-        rows.append(floor)
-        methods = [rec["method"] for rec in per_rank[0]["records"] if rec["transition"] == transition]
-        for method in methods:
-            recs = [next(x for x in r["records"] if x["transition"] == transition and x["method"] == method) for r in per_rank]
-            received = [x["bytes_received"] for x in recs]
-            runs = [max(run) for run in zip(*(x["seconds"] for x in recs))]  # each run: its slowest rank
-            ratios = [t * bw / max(must) for t, bw in zip(runs, recs[0]["bandwidths"])]  # run / its paired floor
-            rows.append(dict(size=size, transition=transition, method=method, seconds=statistics.median(runs), seconds_runs=runs,
-                             paired_floor_ratios=ratios,
-                             bytes_moved=sum(received) if min(received) >= 0 else None,
-                             max_rank_bytes=max(received) if min(received) >= 0 else None,
-                             peak_extra_bytes=max(x["peak_extra_bytes"] for x in recs), correct=all(x["correct"] for x in recs)))
-            if method == "checkpoint" and restart is not None:
-                restart_seconds, restart_prints = restart
-                save = max(r["save_seconds"] for r in per_rank)
-                correct = all(_same(p, r["reference"]) for p, r in zip(restart_prints, per_rank))
-                rows.append({**rows[-1], "method": "checkpoint_restart", "seconds": save + restart_seconds,
-                             "peak_extra_bytes": None, "correct": correct})
-        naive = next(r["seconds"] for r in rows if r["transition"] == transition and r["method"] == "naive")
-        for row in rows:
-            if row["transition"] == transition:
-                row["x_floor"], row["x_naive"] = row["seconds"] / floor["seconds"], row["seconds"] / naive
-                if row.get("paired_floor_ratios"):
-                    row["x_floor"] = statistics.median(row["paired_floor_ratios"])
-                row["x_floor_with_copies"] = row["seconds"] / with_copies
-    return rows
-
-
-def _mb(value: float | None) -> str:
-    return "-" if value is None else f"{value / 2**20:,.1f}"
-
-
-def print_table(rows: list[dict], params: dict[str, int]) -> None:
-    header = (f"{'size':>6} {'transition':<22} {'method':<19} {'seconds':>9} {'x floor':>8} {'x floor+copy':>12} {'x naive':>8} "
-              f"{'MiB moved':>10} {'max rank MiB':>12} {'peak extra MiB':>14} ok")
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        size = f"{params[r['size']] / 1e6:.0f}M" if params[r["size"]] >= 1e6 else f"{params[r['size']] / 1e3:.0f}K"
-        print(f"{size:>6} {r['transition']:<22} {r['method']:<19} {r['seconds']:>9.3f} {r['x_floor']:>8.2f} {r.get('x_floor_with_copies', float('nan')):>12.2f} {r['x_naive']:>8.2f} "
-              f"{_mb(r['bytes_moved']):>10} {_mb(r['max_rank_bytes']):>12} {_mb(r['peak_extra_bytes']):>14} {'yes' if r['correct'] else 'NO'}")
-
-
-def plot(rows: list[dict], params: dict[str, int], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    transitions = [t for t in TRANSITIONS if any(r["transition"] == t for r in rows)]
-    colors = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(r["method"] for r in rows))}  # one color per method
-    fig, axes = plt.subplots(1, len(transitions), figsize=(7 * len(transitions), 5), squeeze=False)
-    for ax, transition in zip(axes[0], transitions):
-        mine = [r for r in rows if r["transition"] == transition]
-        sizes = list(dict.fromkeys(r["size"] for r in mine))
-        methods = list(dict.fromkeys(r["method"] for r in mine))
-        width = 0.8 / len(methods)
-        for i, method in enumerate(methods):
-            seconds = [next((r["seconds"] for r in mine if r["size"] == s and r["method"] == method), 0.0) for s in sizes]
-            ax.bar([x + i * width for x in range(len(sizes))], seconds, width, label=method, color=colors[method])
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(sizes))], [f"{params[s] / 1e6:.0f}M params" for s in sizes])
-        ax.set_yscale("log")
-        ax.set_ylabel("seconds (slowest rank)")
-        ax.set_title(f"{transition} ({WORLD} gloo ranks)")
-        ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1))  # below: bars stay visible
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 def available_bytes() -> int:
     with open("/proc/meminfo") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
@@ -386,7 +299,8 @@ def main() -> None:
     if args.merge:
         reports = [json.loads(Path(path).read_text()) for path in args.merge]
         return write_report(Path(args.out), [row for r in reports for row in r["rows"]],
-                            {k: v for r in reports for k, v in r["params"].items()}, reports[0].get("transitions", list(TRANSITIONS)))
+                            {k: v for r in reports for k, v in r["params"].items()}, reports[0].get("transitions", list(TRANSITIONS)),
+                            SETUP, TRANSITIONS)
     sizes = ["tiny"] if args.quick else args.sizes.split(",")
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
@@ -417,18 +331,7 @@ def main() -> None:
               f"{bandwidth['single_pair'] / 1e9:.2f} GB/s one pair alone", flush=True)
     if not rows:
         raise SystemExit("every size was skipped: not enough memory available")
-    write_report(out, rows, params, transitions)
-
-
-def write_report(out: Path, rows: list[dict], params: dict[str, int], transitions: list[str]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    print_table(rows, params)
-    report = dict(world=WORLD, rollout_tp=ROLLOUT_TP, dst_layout=DST_LAYOUT.describe(), params=params,
-                  floor_bandwidth="p2p bytes/s per rank, all ranks exchanging at once (same backend, same run)",
-                  transitions=transitions, rows=rows)
-    (out / "bench_reshard.json").write_text(json.dumps(report, indent=1))
-    plot(rows, params, out / "bench_reshard.png")
-    print(f"wrote {out / 'bench_reshard.json'} and {out / 'bench_reshard.png'}")
+    write_report(out, rows, params, transitions, SETUP, TRANSITIONS)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@
 Buffers are this rank's local tensors keyed by the layout's buffer names (flat or shaped, contiguous); every
 transfer is a strided view (`as_strided`) at an element offset of one. `prepare` cuts the peer streams into
 messages once per plan (`streams.StreamCutter`, identically on both ends); callers that cache plans cache it.
-On gloo each message is posted the moment it is ready, with its index as tag: receives first, then zero-copy
-sends, then sends that need a pack copy, then the local copies, so copying overlaps what is already on the
-wire. On NCCL a round is one `batch_isend_irecv` (grouped, in the same order on both ends). Sources whose dtype
+On gloo each message is posted the moment it is ready, with its index in its peer stream as tag: receives
+first, then zero-copy sends, then sends that need a pack copy, then the local copies, so copying overlaps what
+is already on the wire; consecutive rounds run together while their staging fits the schedule's budget
+(zero-copy messages need none), so mostly zero-copy rounds do not wait for each other. On NCCL a round is one
+`batch_isend_irecv` (grouped, in the same order on both ends). Sources whose dtype
 differs from the destination's (fp32 masters -> bf16 rollout) are cast while packing, so the wire carries
 destination bytes. A round's staging lives for that round only: the schedule's budget bounds it (plus one row
 per stream); on the CPU its memory is reused from round to round (`StagingArena`).
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -59,9 +60,12 @@ class PreparedPlan:
     plan: RankPlan
     sends: list[PeerMessages]
     recvs: list[PeerMessages]
+    send_tags: list[dict[int, int]]  # round -> peer -> tag of its first message (tags count a peer stream's messages)
+    recv_tags: list[dict[int, int]]
     last_read: dict[int, list[str]]  # round -> source buffers read for the last time in it (-1: local copies)
     src_needs: dict[str, BufferNeed]
     dst_needs: dict[str, BufferNeed]
+    budget_bytes: int | None  # staging allowed in flight when gloo runs consecutive rounds together; None: one round
 
 
 def _needs(pairs: list[tuple[Transfer, str, int, tuple[int, ...]]], with_dtype: bool) -> dict[str, BufferNeed]:
@@ -73,7 +77,18 @@ def _needs(pairs: list[tuple[Transfer, str, int, tuple[int, ...]]], with_dtype: 
     return out
 
 
-def prepare(plan: RankPlan, direct_bytes: int = DIRECT_BYTES) -> PreparedPlan:
+def first_tags(per_round: list[PeerMessages]) -> list[dict[int, int]]:
+    """Tag of each round's first message per peer: both ends count the same messages of the same stream."""
+    seen: dict[int, int] = {}
+    out = []
+    for per_peer in per_round:
+        out.append({p: seen.get(p, 0) for p in per_peer})
+        for p, msgs in per_peer.items():
+            seen[p] = seen.get(p, 0) + len(msgs)
+    return out
+
+
+def prepare(plan: RankPlan, direct_bytes: int = DIRECT_BYTES, budget_bytes: int | None = None) -> PreparedPlan:
     send_cut = {peer: StreamCutter(s.transfers) for peer, s in plan.sends.items()}
     recv_cut = {peer: StreamCutter(s.transfers) for peer, s in plan.recvs.items()}
     sends = [{p: send_cut[p].messages(lo, hi, direct_bytes) for p, (lo, hi) in r.sends.items()} for r in plan.rounds]
@@ -90,7 +105,8 @@ def prepare(plan: RankPlan, direct_bytes: int = DIRECT_BYTES) -> PreparedPlan:
     incoming = plan.copies + [t for s in plan.recvs.values() for t in s.transfers]
     src_needs = _needs([(t, t.src_buffer, t.src_offset, t.src_strides) for t in outgoing], with_dtype=False)
     dst_needs = _needs([(t, t.dst_buffer, t.dst_offset, t.dst_strides) for t in incoming], with_dtype=True)
-    return PreparedPlan(plan, sends, recvs, last_read, src_needs, dst_needs)
+    return PreparedPlan(plan, sends, recvs, first_tags(sends), first_tags(recvs), last_read, src_needs, dst_needs,
+                        budget_bytes)
 
 
 def check_buffers(p: PreparedPlan, src: Mapping[str, Tensor], dst: Mapping[str, Tensor]) -> None:
@@ -163,15 +179,26 @@ class RoundIO:
         view = self.direct(m)
         return view if view is not None else self.pack(m)
 
+    def landing(self, m: Message) -> Tensor | None:
+        """The destination slice itself as the receive buffer (zero-copy), or None when it must be unpacked."""
+        if m.packed:
+            return None
+        s = m.segments[0]
+        view = dst_view(self.dst, s.transfer)[s.r0:s.r1]
+        return as_bytes(view) if view.is_contiguous() else None
+
     def incoming(self, m: Message) -> Tensor:
-        if not m.packed:
-            s = m.segments[0]
-            view = dst_view(self.dst, s.transfer)[s.r0:s.r1]
-            if view.is_contiguous():
-                return as_bytes(view)  # zero-copy: received straight into the destination
+        view = self.landing(m)
+        if view is not None:
+            return view
         buf = self._staging(m.nbytes)
         self.unpack.append((m, buf))
         return buf
+
+    def staging_need(self, sends: PeerMessages, recvs: PeerMessages) -> int:
+        """Bytes a round would stage: packed or strided sends and receives (zero-copy ones need none)."""
+        out = sum(align(m.nbytes) for msgs in sends.values() for m in msgs if self.direct(m) is None)
+        return out + sum(align(m.nbytes) for msgs in recvs.values() for m in msgs if self.landing(m) is None)
 
     def finish(self) -> None:
         for m, buf in self.unpack:
@@ -181,25 +208,27 @@ class RoundIO:
         self.unpack.clear()
 
 
-def post_streaming(io: RoundIO, sends: PeerMessages, recvs: PeerMessages, group: dist.ProcessGroup | None) -> list:
-    """gloo: post each message as soon as it is ready; tags (index within the peer's round) pair them up."""
-    works = [dist.irecv(io.incoming(m), peer_rank(group, p), group, tag=k) for p, msgs in recvs.items() for k, m in enumerate(msgs)]
+def post_streaming(io: RoundIO, p: PreparedPlan, i: int, group: dist.ProcessGroup | None) -> list:
+    """gloo: post each message of round i as soon as it is ready; tags (a message's index in its peer stream)
+    pair them up whatever order either end posts in."""
+    works = [dist.irecv(io.incoming(m), peer_rank(group, peer), group, tag=p.recv_tags[i][peer] + k)
+             for peer, msgs in p.recvs[i].items() for k, m in enumerate(msgs)]
     to_pack = []
-    for p, msgs in sends.items():
+    for peer, msgs in p.sends[i].items():
         for k, m in enumerate(msgs):
             view = io.direct(m)
             if view is None:
-                to_pack.append((p, k, m))
+                to_pack.append((peer, p.send_tags[i][peer] + k, m))
             else:
-                works.append(dist.isend(view, peer_rank(group, p), group, tag=k))
-    works += [dist.isend(io.pack(m), peer_rank(group, p), group, tag=k) for p, k, m in to_pack]
+                works.append(dist.isend(view, peer_rank(group, peer), group, tag=p.send_tags[i][peer] + k))
+    works += [dist.isend(io.pack(m), peer_rank(group, peer), group, tag=tag) for peer, tag, m in to_pack]
     return works
 
 
-def post_batched(io: RoundIO, sends: PeerMessages, recvs: PeerMessages, group: dist.ProcessGroup | None) -> list:
+def post_batched(io: RoundIO, p: PreparedPlan, i: int, group: dist.ProcessGroup | None) -> list:
     """NCCL: one grouped call per round (separate calls could deadlock), same message order on both ends."""
-    ops = [dist.P2POp(dist.irecv, io.incoming(m), peer_rank(group, p), group) for p, msgs in recvs.items() for m in msgs]
-    ops += [dist.P2POp(dist.isend, io.outgoing(m), peer_rank(group, p), group) for p, msgs in sends.items() for m in msgs]
+    ops = [dist.P2POp(dist.irecv, io.incoming(m), peer_rank(group, peer), group) for peer, msgs in p.recvs[i].items() for m in msgs]
+    ops += [dist.P2POp(dist.isend, io.outgoing(m), peer_rank(group, peer), group) for peer, msgs in p.sends[i].items() for m in msgs]
     return dist.batch_isend_irecv(ops) if ops else []
 
 
@@ -233,26 +262,35 @@ def execute(
     start = time.perf_counter()
     sent = received = messages = peak = 0
     pending_copies = bool(p.plan.copies)
-    for i in range(len(p.plan.rounds)):
-        with trace.span(trace_name, i) if trace is not None else nullcontext({}) as args:
-            io = RoundIO(src_buffers, dst_buffers, device)
-            works = post(io, p.sends[i], p.recvs[i], group)
-            if pending_copies:  # local copies overlap the first round's communication
-                run_copies(p.plan.copies, src_buffers, dst_buffers)
-                pending_copies = False
-                for name in releases.pop(-1, []):
-                    release(name)
-            for w in works:
-                w.wait()
-            io.finish()
-            if device.type == "cpu":
-                STAGING.fit(io.staged_bytes)
-            for name in releases.pop(i, []):
+    streaming = post is post_streaming and p.budget_bytes is not None
+    i, n = 0, len(p.plan.rounds)
+    while i < n:
+        window_start, io, works = time.time(), RoundIO(src_buffers, dst_buffers, device), []
+        j = i
+        while j == i or (streaming and j < n and io.staged_bytes + io.staging_need(p.sends[j], p.recvs[j]) <= p.budget_bytes):
+            works.append(post(io, p, j, group))  # zero-copy rounds cost no staging: they run together
+            j += 1
+        if pending_copies:  # local copies overlap the first rounds' communication
+            run_copies(p.plan.copies, src_buffers, dst_buffers)
+            pending_copies = False
+            for name in releases.pop(-1, []):
                 release(name)
-            out_bytes, in_bytes = sum(map(payload, p.sends[i].values())), sum(map(payload, p.recvs[i].values()))
-            sent, received, messages = sent + out_bytes, received + in_bytes, messages + len(works)
-            peak = max(peak, io.staged_bytes)
-            args.update(bytes_sent=out_bytes, bytes_received=in_bytes, messages=len(works), staged_bytes=io.staged_bytes)
+        for w in (w for round_works in works for w in round_works):
+            w.wait()
+        io.finish()
+        if device.type == "cpu":
+            STAGING.fit(io.staged_bytes)
+        duration = time.time() - window_start
+        for r, round_works in zip(range(i, j), works):
+            for name in releases.pop(r, []):
+                release(name)
+            out_bytes, in_bytes = sum(map(payload, p.sends[r].values())), sum(map(payload, p.recvs[r].values()))
+            sent, received, messages = sent + out_bytes, received + in_bytes, messages + len(round_works)
+            if trace is not None:  # rounds run together share their window's span
+                trace.add(trace_name, r, window_start, duration, dict(bytes_sent=out_bytes, bytes_received=in_bytes,
+                          messages=len(round_works), staged_bytes=io.staged_bytes, window=f"{i}-{j - 1}"))
+        peak = max(peak, io.staged_bytes)
+        i = j
     if pending_copies:  # a plan without rounds
         run_copies(p.plan.copies, src_buffers, dst_buffers)
         for name in releases.pop(-1, []):

@@ -36,19 +36,23 @@ class TraceRecorder:
         self.max_transitions = dict(max_transitions or {})
         self.transitions: dict[str, int] = {}  # transitions seen per name, kept or not
 
+    def add(self, name: str, round_index: int, start_s: float, duration_s: float,
+            args: Mapping[str, float | int | str]) -> None:
+        """Records one round that ran from start_s (time.time()) for duration_s."""
+        if round_index == 0:
+            self.transitions[name] = self.transitions.get(name, 0) + 1
+        if self.transitions.get(name, 0) <= self.max_transitions.get(name, math.inf):
+            self.events.append(TraceEvent(name, self.rank, round_index, start_s, duration_s, dict(args)))
+
     @contextmanager
     def span(self, name: str, round_index: int, **args: float | int | str) -> Iterator[dict[str, float | int | str]]:
         """Times the block; the yielded dict can take more args (e.g. bytes known only at the end)."""
-        if round_index == 0:
-            self.transitions[name] = self.transitions.get(name, 0) + 1
-        keep = self.transitions.get(name, 0) <= self.max_transitions.get(name, math.inf)
         extra: dict[str, float | int | str] = dict(args)
         start = time.time()
         try:
             yield extra
         finally:
-            if keep:
-                self.events.append(TraceEvent(name, self.rank, round_index, start, time.time() - start, extra))
+            self.add(name, round_index, start, time.time() - start, extra)
 
 
 def chrome_trace(events: Iterable[TraceEvent]) -> dict[str, list[dict[str, object]]]:
