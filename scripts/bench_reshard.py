@@ -52,7 +52,6 @@ from rlhf_dyna.transition.vps_targets import move_to_rollout_target
 # bandwidth probe: on a shared 2-core VM the p2p rate drifts by +-30% within minutes, so the floor of a run is taken
 # in the same machine state. The table shows medians (runs, their floors, paired ratios); the JSON every run.
 VPS_REPEATS = 3
-PROBE_BYTES = 256 << 20  # the paired bandwidth probe before each warm vps run (--bw-mib sets the start probe)
 
 WORLD = 4
 ROLLOUT_TP = 2
@@ -133,7 +132,7 @@ def _run(method: str, transition: str, fn: Callable[[], MoveStats], dst: dict[ob
                 rounds=stats.rounds, peak_extra_bytes=peak, correct=correct, fingerprint=got)
 
 
-def bench_to_rollout(source_engine: TrainEngine, mesh2d) -> tuple[list[dict], int]:
+def bench_to_rollout(source_engine: TrainEngine, mesh2d, probe_bytes: int) -> tuple[list[dict], tuple[int, int]]:
     params = {name: t for (name, kind), t in bind_train_state(source_engine).items() if kind == "param"}
     target = RolloutTarget(source_engine.model.config, ROLLOUT_TP, dist.get_rank() % ROLLOUT_TP)
     must = baselines.must_receive_rollout(params, target)
@@ -143,11 +142,11 @@ def bench_to_rollout(source_engine: TrainEngine, mesh2d) -> tuple[list[dict], in
                            target.buffers, naive["fingerprint"])]
     for method, repeats in (("vps_cold", 1), ("vps", VPS_REPEATS)):
         records.append(_run(method, "train_to_rollout", lambda: move_to_rollout_target(source_engine.model.config, params, target),
-                            target.buffers, naive["fingerprint"], repeats, PROBE_BYTES if method == "vps" else 0))
+                            target.buffers, naive["fingerprint"], repeats, probe_bytes if method == "vps" else 0))
     return records, (must, local)
 
 
-def bench_train_to_train(source_engine: TrainEngine, mesh2d, ckpt: str) -> tuple[list[dict], int, dict]:
+def bench_train_to_train(source_engine: TrainEngine, mesh2d, ckpt: str, probe_bytes: int) -> tuple[list[dict], tuple[int, int], dict]:
     source = bind_train_state(source_engine)
     dst_engine = empty_engine_like(source_engine, DST_LAYOUT, mesh2d, meta_skeleton(source_engine.model))
     allocate_optimizer_state(dst_engine, torch.tensor(0.0))
@@ -159,7 +158,8 @@ def bench_train_to_train(source_engine: TrainEngine, mesh2d, ckpt: str) -> tuple
                            destination, naive["fingerprint"])]
     vps_mover = make_vps_mover(source_engine.model.config)  # not in place: the other methods reuse the source
     for method, repeats in (("vps_cold", 1), ("vps", VPS_REPEATS)):
-        records.append(_run(method, "dp4_to_dp2tp2", lambda: vps_mover(source, destination), destination, naive["fingerprint"], repeats, PROBE_BYTES if method == "vps" else 0))
+        records.append(_run(method, "dp4_to_dp2tp2", lambda: vps_mover(source, destination), destination, naive["fingerprint"],
+                            repeats, probe_bytes if method == "vps" else 0))
     saved: dict[str, float] = {}
 
     def checkpoint() -> MoveStats:
@@ -173,7 +173,7 @@ def bench_train_to_train(source_engine: TrainEngine, mesh2d, ckpt: str) -> tuple
     return records, must, dict(save_seconds=saved["seconds"], reference=naive["fingerprint"])
 
 
-def bench_searched_order(source_engine: TrainEngine, meshes: MeshCache) -> tuple[list[dict], int, str]:
+def bench_searched_order(source_engine: TrainEngine, meshes: MeshCache, probe_bytes: int) -> tuple[list[dict], tuple[int, int], str]:
     """dp4 -> dp2 x tp2 in the mesh rank order the VPS search picks (TP outermost here: each rank keeps its chunk
     of every column-parallel weight), into one destination engine built on that mesh: floor, naive, vps."""
     layout = least_moving_layout(source_engine, DST_LAYOUT)
@@ -188,7 +188,8 @@ def bench_searched_order(source_engine: TrainEngine, meshes: MeshCache) -> tuple
     records = [naive]
     vps_mover = make_vps_mover(source_engine.model.config)
     for method, repeats in (("vps_cold", 1), ("vps", VPS_REPEATS)):
-        records.append(_run(method, SEARCHED, lambda: vps_mover(source, destination), destination, naive["fingerprint"], repeats, PROBE_BYTES if method == "vps" else 0))
+        records.append(_run(method, SEARCHED, lambda: vps_mover(source, destination), destination, naive["fingerprint"],
+                            repeats, probe_bytes if method == "vps" else 0))
     return records, must, layout.describe()
 
 
@@ -203,15 +204,15 @@ def rank_main(rank: int, world: int, port: int, size: str, transitions: list[str
     source_engine = random_source(SIZES[size], meshes, adamw_state=bool({"dp4_to_dp2tp2", SEARCHED} & set(transitions)))
     report: dict = dict(rank=rank, records=[], must_receive={}, bandwidth=bandwidth)
     if "train_to_rollout" in transitions:
-        records, report["must_receive"]["train_to_rollout"] = bench_to_rollout(source_engine, mesh2d)
+        records, report["must_receive"]["train_to_rollout"] = bench_to_rollout(source_engine, mesh2d, bw_bytes)
         report["records"] += records
     if "dp4_to_dp2tp2" in transitions:
-        records, report["must_receive"]["dp4_to_dp2tp2"], checkpoint = bench_train_to_train(source_engine, mesh2d, ckpt)
+        records, report["must_receive"]["dp4_to_dp2tp2"], checkpoint = bench_train_to_train(source_engine, mesh2d, ckpt, bw_bytes)
         report["records"] += records
         report.update(checkpoint)
         gc.collect()  # the default-order destination engine goes before the searched one is built
     if SEARCHED in transitions:
-        records, report["must_receive"][SEARCHED], report["searched_layout"] = bench_searched_order(source_engine, meshes)
+        records, report["must_receive"][SEARCHED], report["searched_layout"] = bench_searched_order(source_engine, meshes, bw_bytes)
         report["records"] += records
     gathered: list[object] = [None] * world
     dist.all_gather_object(gathered, report)
@@ -289,7 +290,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench_out", help="directory for bench_reshard.json and bench_reshard.png")
     parser.add_argument("--ckpt", default=None, help="checkpoint directory for the DCP baselines (default: under --out)")
     parser.add_argument("--transitions", default=",".join(TRANSITIONS), help=f"comma-separated subset of {TRANSITIONS}")
-    parser.add_argument("--bw-mib", type=int, default=256, help="message size of the bandwidth probe")
+    parser.add_argument("--bw-mib", type=int, default=256, help="message size of the bandwidth probes (start and paired)")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="combine earlier bench_reshard.json files (sizes run "
                         "separately, e.g. when memory was short) into one table, JSON and chart; runs nothing")
     parser.add_argument("--restart-worker", action="store_true", help=argparse.SUPPRESS)
