@@ -132,6 +132,22 @@ def _run(method: str, transition: str, fn: Callable[[], MoveStats], dst: dict[ob
                 rounds=stats.rounds, peak_extra_bytes=peak, correct=correct, fingerprint=got)
 
 
+def _vps_records(transition: str, move: Callable[[], MoveStats], dst: dict[object, Tensor], reference: list[float],
+                 probe_bytes: int) -> list[dict]:
+    """`vps_cold` once (planning included), then `vps` VPS_REPEATS times, each after its paired bandwidth probe."""
+    return [_run("vps_cold", transition, move, dst, reference),
+            _run("vps", transition, move, dst, reference, VPS_REPEATS, probe_bytes)]
+
+
+def _train_destination(source_engine: TrainEngine, layout: TrainLayout, mesh) -> tuple[TrainEngine, dict, tuple[int, int]]:
+    """An empty engine in `layout` with AdamW state, its bound state, and (bytes to receive, bytes kept locally)."""
+    dst_engine = empty_engine_like(source_engine, layout, mesh, meta_skeleton(source_engine.model))
+    allocate_optimizer_state(dst_engine, torch.tensor(0.0))
+    destination = bind_train_state(dst_engine)
+    must = baselines.must_receive_train(bind_train_state(source_engine), destination)
+    return dst_engine, destination, (must, _bytes(destination) - must)
+
+
 def bench_to_rollout(source_engine: TrainEngine, mesh2d, probe_bytes: int) -> tuple[list[dict], tuple[int, int]]:
     params = {name: t for (name, kind), t in bind_train_state(source_engine).items() if kind == "param"}
     target = RolloutTarget(source_engine.model.config, ROLLOUT_TP, dist.get_rank() % ROLLOUT_TP)
@@ -140,26 +156,20 @@ def bench_to_rollout(source_engine: TrainEngine, mesh2d, probe_bytes: int) -> tu
     naive = _run("naive", "train_to_rollout", lambda: baselines.naive_to_rollout(params, target), target.buffers, None)
     records = [naive, _run("redistribute", "train_to_rollout", lambda: baselines.redistribute_to_rollout(params, target, mesh2d),
                            target.buffers, naive["fingerprint"])]
-    for method, repeats in (("vps_cold", 1), ("vps", VPS_REPEATS)):
-        records.append(_run(method, "train_to_rollout", lambda: move_to_rollout_target(source_engine.model.config, params, target),
-                            target.buffers, naive["fingerprint"], repeats, probe_bytes if method == "vps" else 0))
+    records += _vps_records("train_to_rollout", lambda: move_to_rollout_target(source_engine.model.config, params, target),
+                            target.buffers, naive["fingerprint"], probe_bytes)
     return records, (must, local)
 
 
 def bench_train_to_train(source_engine: TrainEngine, mesh2d, ckpt: str, probe_bytes: int) -> tuple[list[dict], tuple[int, int], dict]:
     source = bind_train_state(source_engine)
-    dst_engine = empty_engine_like(source_engine, DST_LAYOUT, mesh2d, meta_skeleton(source_engine.model))
-    allocate_optimizer_state(dst_engine, torch.tensor(0.0))
-    destination = bind_train_state(dst_engine)
-    must = baselines.must_receive_train(source, destination)
-    must = (must, _bytes(destination) - must)
+    dst_engine, destination, floor_bytes = _train_destination(source_engine, DST_LAYOUT, mesh2d)
     naive = _run("naive", "dp4_to_dp2tp2", lambda: move_by_full_tensors(source, destination), destination, None)
     records = [naive, _run("redistribute", "dp4_to_dp2tp2", lambda: baselines.redistribute_train(source, destination, mesh2d),
                            destination, naive["fingerprint"])]
     vps_mover = make_vps_mover(source_engine.model.config)  # not in place: the other methods reuse the source
-    for method, repeats in (("vps_cold", 1), ("vps", VPS_REPEATS)):
-        records.append(_run(method, "dp4_to_dp2tp2", lambda: vps_mover(source, destination), destination, naive["fingerprint"],
-                            repeats, probe_bytes if method == "vps" else 0))
+    records += _vps_records("dp4_to_dp2tp2", lambda: vps_mover(source, destination), destination, naive["fingerprint"],
+                            probe_bytes)
     saved: dict[str, float] = {}
 
     def checkpoint() -> MoveStats:
@@ -170,7 +180,7 @@ def bench_train_to_train(source_engine: TrainEngine, mesh2d, ckpt: str, probe_by
         return MoveStats(saved["seconds"] + loaded, written + read, 2, 0)
 
     records.append(_run("checkpoint", "dp4_to_dp2tp2", checkpoint, destination, naive["fingerprint"]))
-    return records, must, dict(save_seconds=saved["seconds"], reference=naive["fingerprint"])
+    return records, floor_bytes, dict(save_seconds=saved["seconds"], reference=naive["fingerprint"])
 
 
 def bench_searched_order(source_engine: TrainEngine, meshes: MeshCache, probe_bytes: int) -> tuple[list[dict], tuple[int, int], str]:
@@ -178,19 +188,13 @@ def bench_searched_order(source_engine: TrainEngine, meshes: MeshCache, probe_by
     of every column-parallel weight), into one destination engine built on that mesh: floor, naive, vps."""
     layout = least_moving_layout(source_engine, DST_LAYOUT)
     source = bind_train_state(source_engine)
-    mesh = meshes.get(layout.dp, layout.tp, layout.tp_outer)
-    dst_engine = empty_engine_like(source_engine, layout, mesh, meta_skeleton(source_engine.model))
-    allocate_optimizer_state(dst_engine, torch.tensor(0.0))
-    destination = bind_train_state(dst_engine)
-    must = baselines.must_receive_train(source, destination)
-    must = (must, _bytes(destination) - must)
+    _, destination, floor_bytes = _train_destination(source_engine, layout,
+                                                     meshes.get(layout.dp, layout.tp, layout.tp_outer))
     naive = _run("naive", SEARCHED, lambda: move_by_full_tensors(source, destination), destination, None)
-    records = [naive]
     vps_mover = make_vps_mover(source_engine.model.config)
-    for method, repeats in (("vps_cold", 1), ("vps", VPS_REPEATS)):
-        records.append(_run(method, SEARCHED, lambda: vps_mover(source, destination), destination, naive["fingerprint"],
-                            repeats, probe_bytes if method == "vps" else 0))
-    return records, must, layout.describe()
+    records = [naive, *_vps_records(SEARCHED, lambda: vps_mover(source, destination), destination, naive["fingerprint"],
+                                    probe_bytes)]
+    return records, floor_bytes, layout.describe()
 
 
 def rank_main(rank: int, world: int, port: int, size: str, transitions: list[str], bw_bytes: int, ckpt: str, out: str) -> None:

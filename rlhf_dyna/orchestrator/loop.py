@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
-from torch import Tensor
 
 from ..algos.grpo import group_advantages
 from ..algos.kl import kl_penalty
@@ -41,14 +40,6 @@ def mean_over_world(values: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, (t / dist.get_world_size()).tolist()))
 
 
-def dp_sum(engine, values: Tensor) -> Tensor:
-    """`values` summed over the engine's dp group (TP peers hold the same rows): statistics of the whole batch,
-    which, unlike those of this rank's shard, do not change with the layout."""
-    total = values.to(engine.device, copy=True)
-    dist.all_reduce(total, group=engine.mesh["dp"].get_group())
-    return total.to(values.device)
-
-
 def advantages_for(cfg: Config, batch: dict, samples: list[Sample], ctx: RankContext, actor, ref, critic) -> dict:
     """Adds old_logprobs, ref_logprobs, (old_values, returns) and advantages to this rank's batch shard."""
     alg = cfg.algorithm
@@ -69,7 +60,7 @@ def advantages_for(cfg: Config, batch: dict, samples: list[Sample], ctx: RankCon
     # value of the state before token t is read at t-1 (the prefix that predicts token t)
     values = torch.nn.functional.pad(values[:, :-1], (1, 0)) * mask
     advantages, returns = gae(token_rewards(scores, mask, ref_kl, alg.kl_coef), values, mask, alg.gamma, alg.lam)
-    advantages = whiten(advantages, mask, reduce=lambda t: dp_sum(critic, t))
+    advantages = whiten(advantages, mask, reduce=critic.dp_sum)  # whole-batch statistics, whatever the layout
     batch.update(old_values=values, returns=returns, advantages=advantages)
     return batch
 
@@ -93,8 +84,8 @@ def change_layout(ctx: RankContext, layout, *engines, recorder: TraceRecorder | 
     With a recorder, each move's rounds are traced as train_relayout events. The new mesh's rank order is the one
     whose plan moves the fewest bytes (see vps.rank_order); all engines take the actor's."""
     searching = time.perf_counter()
-    before = layout_of(next(e for e in engines if e is not None))
-    layout = least_moving_layout(next(e for e in engines if e is not None), layout)
+    first = next(e for e in engines if e is not None)
+    before, layout = layout_of(first), least_moving_layout(first, layout)
     moved, totals = [], {"seconds": time.perf_counter() - searching, "bytes_moved": 0.0, "rounds": 0.0, "peak_extra_bytes": 0.0}
     for engine in engines:
         if engine is None:
@@ -207,7 +198,7 @@ def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, s
     if "actor/kl" not in metrics and ref is not None:
         mask = batch["response_mask"]
         kl = (kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], "k3") * mask).sum()
-        kl_sum, tokens = dp_sum(actor, torch.stack([kl, mask.sum()]))
+        kl_sum, tokens = actor.dp_sum(torch.stack([kl, mask.sum()]))
         metrics["actor/kl"] = float(kl_sum / tokens.clamp(min=1))
     timings = mean_over_world(timings)  # rank-averaged phase times
     return {**metrics, **timings}

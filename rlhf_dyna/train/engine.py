@@ -85,10 +85,14 @@ class TrainEngine:
     def dp_size(self) -> int:
         return self.mesh["dp"].size()
 
+    def dp_sum(self, values: Tensor) -> Tensor:
+        """`values` summed over this engine's dp group (TP peers hold the same rows), on `values`' device."""
+        total = values.to(self.device, copy=True)
+        dist.all_reduce(total, group=self.mesh["dp"].get_group())
+        return total.to(values.device)
+
     def _dp_sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, group=self.mesh["dp"].get_group())
-        return t.tolist()
+        return self.dp_sum(torch.tensor(values, dtype=torch.float64)).tolist()
 
     def _micro_batches(self, batch: dict[str, Tensor]) -> list[dict[str, Tensor]]:
         size = next(iter(batch.values())).shape[0]

@@ -19,17 +19,21 @@ def build_mesh(dp: int, tp: int, tp_outer: bool = False) -> DeviceMesh:
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
     if tp_outer:
-        return DeviceMesh(device_type, torch.arange(world).reshape(tp, dp).T, mesh_dim_names=("dp", "tp"))
+        return DeviceMesh(device_type, mesh_ranks(dp, tp, tp_outer=True), mesh_dim_names=("dp", "tp"))
     return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+
+
+def mesh_ranks(dp: int, tp: int, tp_outer: bool) -> torch.Tensor:
+    """The (dp, tp) grid of ranks: row-major, or with TP outermost rank = t * dp + d."""
+    return torch.arange(dp * tp).reshape(tp, dp).T if tp_outer else torch.arange(dp * tp).reshape(dp, tp)
 
 
 def is_tp_outer(mesh: DeviceMesh) -> bool:
     """Whether a (dp, tp) mesh has TP outermost; any other rank arrangement than the two build_mesh makes is refused."""
     dp, tp = mesh.shape if mesh.ndim == 2 else (mesh.size(0), 1)
     ranks = mesh.mesh.reshape(dp, tp)
-    if torch.equal(ranks, torch.arange(dp * tp).reshape(dp, tp)):
-        return False
-    if torch.equal(ranks, torch.arange(dp * tp).reshape(tp, dp).T):
-        return True
+    for tp_outer in (False, True):
+        if torch.equal(ranks, mesh_ranks(dp, tp, tp_outer)):
+            return tp_outer
     raise ValueError(f"mesh {mesh.mesh_dim_names} over ranks {mesh.mesh.tolist()}: expected (dp, tp) in row-major or "
                      f"TP-outer rank order over 0..{dp * tp - 1}")

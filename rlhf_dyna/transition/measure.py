@@ -45,6 +45,11 @@ class PeakExtraMemory:
         self.peak_extra_bytes = max(self.peak_extra_bytes, resident_bytes() - self._base)
 
 
+def probe_device() -> torch.device:
+    """Where the backend's own tensors live: CUDA under NCCL, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if "nccl" in dist.get_backend() else torch.device("cpu")
+
+
 def p2p_bandwidth(nbytes: int, repeats: int = 3, concurrent: bool = True) -> float:
     """Collective: bytes/s one rank receives over the backend's point-to-point path (best of `repeats`).
 
@@ -55,7 +60,7 @@ def p2p_bandwidth(nbytes: int, repeats: int = 3, concurrent: bool = True) -> flo
         raise ValueError("point-to-point bandwidth needs at least 2 ranks")
     peer = rank ^ 1
     active = peer < world and (concurrent or rank < 2)
-    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in dist.get_backend() else torch.device("cpu")
+    device = probe_device()
     send = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     recv = torch.empty_like(send)
     best = float("inf")
@@ -77,7 +82,7 @@ def p2p_bandwidth(nbytes: int, repeats: int = 3, concurrent: bool = True) -> flo
 def copy_bandwidth(nbytes: int, repeats: int = 3) -> float:
     """Collective: bytes/s one rank copies locally (`Tensor.copy_` between warm buffers) while every rank does the
     same (best of `repeats`): the rate of the rank-local part of a transition, on the ranks' own device."""
-    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in dist.get_backend() else torch.device("cpu")
+    device = probe_device()
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.zeros_like(src)  # both touched: page faults are not part of the rate
     best = float("inf")

@@ -106,14 +106,19 @@ def _move_and_check(rank: int, world: int, src_spec: ParallelSpec, dst_spec: Par
     plan = for_rank(schedule, rank)
     largest = max((t.nbytes for s in plan.recvs.values() for t in s.transfers), default=0)
     # one round at a time, then gloo's windows: consecutive rounds together while their staging fits the budget
-    for runnable in (plan, prepare(plan, budget_bytes=budget)):
+    # (every segment its own message, so contiguous ones need no staging and their rounds do merge)
+    windows = TraceRecorder(rank)
+    for runnable, trace in ((plan, None), (prepare(plan, direct_bytes=1, budget_bytes=budget), windows)):
         for buf in dst_bufs.values():
             buf.zero_()
-        stats = execute(runnable, src_bufs, dst_bufs, verify=True)
+        stats = execute(runnable, src_bufs, dst_bufs, verify=True, trace=trace)
         expect_destination(dst, state, rank, dst_bufs)
         assert _total(stats.bytes_received) == _total(stats.bytes_sent) == schedule.plan.min_bytes == schedule.plan.moved_bytes
         assert stats.rounds == schedule.num_rounds >= min_rounds
         assert stats.peak_extra_bytes <= budget + largest, (stats.peak_extra_bytes, budget, largest)
+    merged = torch.tensor([any(e.args["window"].split("-")[0] != e.args["window"].split("-")[1] for e in windows.events)])
+    dist.all_reduce(merged)  # some rank ran rounds together: the windowed path was exercised
+    assert int(merged) > 0
 
 
 @pytest.mark.timeout(120)
