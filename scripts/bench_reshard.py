@@ -11,6 +11,8 @@ rank must receive over the point-to-point bandwidth measured in the same run (al
 overlapped with the receives: the larger of the two), which dominates when a rank order keeps most state in place.
 `vps` runs 3 times, each paired with a bandwidth probe right before it: the table shows the median run, the
 median paired floor, and the median of the paired ratios (x floor); the other methods run once (JSON: every run).
+Train -> train, vps runs in place as `relayout` does (the old state is consumed): each run gets a fresh source
+(rebuilt untimed, same values); shards that stay on their rank are adopted by the destination, not copied.
 
     python scripts/bench_reshard.py --sizes 60m,150m,500m --out bench_out
     python scripts/bench_reshard.py --quick --out /tmp/bench      # tiny model, < 1 min
@@ -110,11 +112,14 @@ def _bytes(tensors: dict[object, Tensor]) -> int:
 
 
 def _run(method: str, transition: str, fn: Callable[[], MoveStats], dst: dict[object, Tensor], reference: list[float] | None,
-         repeats: int = 1, probe_bytes: int = 0) -> dict:
+         repeats: int = 1, probe_bytes: int = 0, setup: Callable[[], None] | None = None) -> dict:
     """`repeats` timed runs, each into a NaN-filled destination and checked against `reference`; with probe_bytes,
-    each run is paired with a p2p bandwidth probe right before it (the floor of that run: same machine state)."""
+    each run is paired with a p2p bandwidth probe right before it (the floor of that run: same machine state).
+    `setup` runs untimed before each run (an in-place move gets a fresh source to consume)."""
     seconds, bandwidths, peak, correct = [], [], 0, True
     for _ in range(repeats):
+        if setup is not None:
+            setup()
         with torch.no_grad():
             for tensor in dst.values():
                 local_of(tensor).fill_(float("nan"))
@@ -133,10 +138,26 @@ def _run(method: str, transition: str, fn: Callable[[], MoveStats], dst: dict[ob
 
 
 def _vps_records(transition: str, move: Callable[[], MoveStats], dst: dict[object, Tensor], reference: list[float],
-                 probe_bytes: int) -> list[dict]:
+                 probe_bytes: int, setup: Callable[[], None] | None = None) -> list[dict]:
     """`vps_cold` once (planning included), then `vps` VPS_REPEATS times, each after its paired bandwidth probe."""
-    return [_run("vps_cold", transition, move, dst, reference),
-            _run("vps", transition, move, dst, reference, VPS_REPEATS, probe_bytes)]
+    return [_run("vps_cold", transition, move, dst, reference, setup=setup),
+            _run("vps", transition, move, dst, reference, VPS_REPEATS, probe_bytes, setup)]
+
+
+def _vps_in_place_records(transition: str, make_source: Callable[[], TrainEngine], hf_config: object,
+                          destination: dict[object, Tensor], reference: list[float], probe_bytes: int) -> list[dict]:
+    """vps as relayout runs it: in place, each run consuming a fresh source (rebuilt untimed, same values), whose
+    shards that stay are adopted by the destination instead of copied and the rest freed as soon as sent."""
+    held: dict[str, dict] = {}
+    mover = make_vps_mover(hf_config, in_place=True)
+
+    def setup() -> None:
+        held.clear()
+        gc.collect()  # the previous run's consumed source goes before the next one is built
+        held["source"] = bind_train_state(make_source())
+
+    return _vps_records(transition, lambda: mover(held.pop("source"), destination), destination, reference, probe_bytes,
+                        setup)
 
 
 def _train_destination(source_engine: TrainEngine, layout: TrainLayout, mesh) -> tuple[TrainEngine, dict, tuple[int, int]]:
@@ -157,19 +178,18 @@ def bench_to_rollout(source_engine: TrainEngine, mesh2d, probe_bytes: int) -> tu
     records = [naive, _run("redistribute", "train_to_rollout", lambda: baselines.redistribute_to_rollout(params, target, mesh2d),
                            target.buffers, naive["fingerprint"])]
     records += _vps_records("train_to_rollout", lambda: move_to_rollout_target(source_engine.model.config, params, target),
-                            target.buffers, naive["fingerprint"], probe_bytes)
+                            target.buffers, naive["fingerprint"], probe_bytes)  # not in place: training keeps its state
     return records, (must, local)
 
 
-def bench_train_to_train(source_engine: TrainEngine, mesh2d, ckpt: str, probe_bytes: int) -> tuple[list[dict], tuple[int, int], dict]:
-    source = bind_train_state(source_engine)
+def bench_train_to_train(make_source: Callable[[], TrainEngine], mesh2d, ckpt: str, probe_bytes: int) -> tuple[list[dict], tuple[int, int], dict]:
+    """naive, redistribute and DCP from one source; then vps in place, each run consuming a fresh copy of it."""
+    source_engine = make_source()
+    source, config = bind_train_state(source_engine), source_engine.model.config
     dst_engine, destination, floor_bytes = _train_destination(source_engine, DST_LAYOUT, mesh2d)
     naive = _run("naive", "dp4_to_dp2tp2", lambda: move_by_full_tensors(source, destination), destination, None)
     records = [naive, _run("redistribute", "dp4_to_dp2tp2", lambda: baselines.redistribute_train(source, destination, mesh2d),
                            destination, naive["fingerprint"])]
-    vps_mover = make_vps_mover(source_engine.model.config)  # not in place: the other methods reuse the source
-    records += _vps_records("dp4_to_dp2tp2", lambda: vps_mover(source, destination), destination, naive["fingerprint"],
-                            probe_bytes)
     saved: dict[str, float] = {}
 
     def checkpoint() -> MoveStats:
@@ -180,20 +200,22 @@ def bench_train_to_train(source_engine: TrainEngine, mesh2d, ckpt: str, probe_by
         return MoveStats(saved["seconds"] + loaded, written + read, 2, 0)
 
     records.append(_run("checkpoint", "dp4_to_dp2tp2", checkpoint, destination, naive["fingerprint"]))
+    del source_engine, source  # memory: the in-place runs hold one source at a time
+    records += _vps_in_place_records("dp4_to_dp2tp2", make_source, config, destination, naive["fingerprint"], probe_bytes)
     return records, floor_bytes, dict(save_seconds=saved["seconds"], reference=naive["fingerprint"])
 
 
-def bench_searched_order(source_engine: TrainEngine, meshes: MeshCache, probe_bytes: int) -> tuple[list[dict], tuple[int, int], str]:
+def bench_searched_order(make_source: Callable[[], TrainEngine], meshes: MeshCache, probe_bytes: int) -> tuple[list[dict], tuple[int, int], str]:
     """dp4 -> dp2 x tp2 in the mesh rank order the VPS search picks (TP outermost here: each rank keeps its chunk
-    of every column-parallel weight), into one destination engine built on that mesh: floor, naive, vps."""
+    of every column-parallel weight), into one destination engine built on that mesh: floor, naive, vps in place."""
+    source_engine = make_source()
     layout = least_moving_layout(source_engine, DST_LAYOUT)
-    source = bind_train_state(source_engine)
+    source, config = bind_train_state(source_engine), source_engine.model.config
     _, destination, floor_bytes = _train_destination(source_engine, layout,
                                                      meshes.get(layout.dp, layout.tp, layout.tp_outer))
     naive = _run("naive", SEARCHED, lambda: move_by_full_tensors(source, destination), destination, None)
-    vps_mover = make_vps_mover(source_engine.model.config)
-    records = [naive, *_vps_records(SEARCHED, lambda: vps_mover(source, destination), destination, naive["fingerprint"],
-                                    probe_bytes)]
+    del source_engine, source
+    records = [naive, *_vps_in_place_records(SEARCHED, make_source, config, destination, naive["fingerprint"], probe_bytes)]
     return records, floor_bytes, layout.describe()
 
 
@@ -205,18 +227,23 @@ def rank_main(rank: int, world: int, port: int, size: str, transitions: list[str
     mesh2d = meshes.get(DST_LAYOUT.dp, DST_LAYOUT.tp)
     bandwidth = {"concurrent": p2p_bandwidth(bw_bytes, concurrent=True), "single_pair": p2p_bandwidth(bw_bytes, concurrent=False),
                  "copy": copy_bandwidth(bw_bytes)}
-    source_engine = random_source(SIZES[size], meshes, adamw_state=bool({"dp4_to_dp2tp2", SEARCHED} & set(transitions)))
+    adamw_state = bool({"dp4_to_dp2tp2", SEARCHED} & set(transitions))
+
+    def make_source() -> TrainEngine:  # the same values every time (seeded per tensor and rank)
+        return random_source(SIZES[size], meshes, adamw_state)
+
     report: dict = dict(rank=rank, records=[], must_receive={}, bandwidth=bandwidth)
     if "train_to_rollout" in transitions:
-        records, report["must_receive"]["train_to_rollout"] = bench_to_rollout(source_engine, mesh2d, bw_bytes)
+        records, report["must_receive"]["train_to_rollout"] = bench_to_rollout(make_source(), mesh2d, bw_bytes)
         report["records"] += records
+        gc.collect()
     if "dp4_to_dp2tp2" in transitions:
-        records, report["must_receive"]["dp4_to_dp2tp2"], checkpoint = bench_train_to_train(source_engine, mesh2d, ckpt, bw_bytes)
+        records, report["must_receive"]["dp4_to_dp2tp2"], checkpoint = bench_train_to_train(make_source, mesh2d, ckpt, bw_bytes)
         report["records"] += records
         report.update(checkpoint)
         gc.collect()  # the default-order destination engine goes before the searched one is built
     if SEARCHED in transitions:
-        records, report["must_receive"][SEARCHED], report["searched_layout"] = bench_searched_order(source_engine, meshes, bw_bytes)
+        records, report["must_receive"][SEARCHED], report["searched_layout"] = bench_searched_order(make_source, meshes, bw_bytes)
         report["records"] += records
     gathered: list[object] = [None] * world
     dist.all_gather_object(gathered, report)

@@ -185,6 +185,17 @@ def reshard(model: nn.Module) -> None:
             module.reshard()
 
 
+@torch.no_grad()
+def refresh_fsdp_shards(model: nn.Module) -> None:
+    """FSDP2 all-gathers from its own flat view of each sharded param: re-read it after a param's local shard was
+    replaced (an in-place relayout adopts the old engine's storage); a no-op for shards left as they were."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            group = module._get_fsdp_state()._fsdp_param_group  # torch's own _apply / load_state_dict do the same
+            for fsdp_param in group.fsdp_params if group is not None else ():
+                fsdp_param.reset_sharded_param()
+
+
 def full_state_dict(engine: TrainEngine, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
     """(HF name, full tensor) for every parameter, gathered from FSDP/TP shards; collective: call on every rank.
 

@@ -102,3 +102,13 @@ def release_storage(buffers: Mapping[str, Tensor]):
     def release(name: str) -> None:
         buffers[name].untyped_storage().resize_(0)
     return release
+
+
+def adopt_storage(destination: Tensor, source_local: Tensor) -> None:
+    """Point a destination shard (a DTensor's local tensor) at a consumed source shard's storage (transition.adopt);
+    FSDP2 params must then be re-read by FSDP (train.engine.refresh_fsdp_shards), which keeps its own flat view."""
+    local = source_local.detach().view(local_tensor(destination).shape)
+    if isinstance(destination, DTensor):
+        destination._local_tensor = local  # what FSDP2 itself does when it re-pads a shard
+    else:
+        destination.data = local

@@ -17,7 +17,7 @@ from torch.distributed.fsdp import FSDPModule
 from transformers import PreTrainedModel
 
 from rlhf_dyna.models.build import ValueModel
-from rlhf_dyna.train.engine import TrainEngine, reshard
+from rlhf_dyna.train.engine import TrainEngine, refresh_fsdp_shards, reshard
 from rlhf_dyna.train.mesh import build_mesh, is_tp_outer
 from rlhf_dyna.transition.movers import MoveStats, StateKey, StateMover, move_by_full_tensors
 from rlhf_dyna.transition.trace import TraceRecorder
@@ -147,12 +147,12 @@ def empty_engine_like(old: TrainEngine, layout: TrainLayout, mesh: DeviceMesh, s
 
 
 def allocate_optimizer_state(engine: TrainEngine, step: Tensor) -> None:
-    """AdamW state slots shaped like each (new) sharded param, for the mover to fill."""
+    """AdamW state slots shaped like each (new) sharded param, uninitialised: the mover fills every element."""
     for param in (p for group in engine.optimizer.param_groups for p in group["params"]):
         engine.optimizer.state[param] = {
             "step": step.clone(),
-            "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
-            "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+            "exp_avg": torch.empty_like(param, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.empty_like(param, memory_format=torch.preserve_format),
         }
 
 
@@ -182,6 +182,7 @@ def relayout(
         with recorder.span(f"relayout {layout_of(engine).describe()} -> {layout.describe()}", 0) as args:
             stats = mover(source, destination)
             args.update(bytes_received=stats.bytes_received, rounds=stats.rounds)
+    refresh_fsdp_shards(new.model)  # an in-place mover may have handed old shards' storage to new params
     if engine.optimizer is not None:
         engine.optimizer.state.clear()
     del source

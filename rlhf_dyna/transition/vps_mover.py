@@ -5,7 +5,9 @@
 Same contract as `movers.move_by_full_tensors`: collective, gets (HF name, kind) -> live tensor for the old and the
 new engine (AdamW's `step` is relayout's to copy), fills the destination. Source and destination specs are read
 from the DTensors' meshes; the plan is cached per (model, specs, kinds, budget). Seconds are the whole call's
-wall time (planning included the first time).
+wall time (planning included the first time). In place, a destination shard that is exactly a source shard of the
+same rank takes over its storage instead of a copy (`transition.adopt`), so what stays in place costs nothing;
+FSDP2 must then re-read its params (relayout does: `train.engine.refresh_fsdp_shards`).
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlhf_dyna.train.engine import TrainEngine
-from rlhf_dyna.transition.bind_train import (StateKey, bind_train_buffers, release_storage, state_kinds, train_catalog,
-                                             train_layout, train_spec)
+from rlhf_dyna.transition.adopt import adoptable, without_copies
+from rlhf_dyna.transition.bind_train import (StateKey, adopt_storage, bind_train_buffers, buffer_name, release_storage,
+                                             state_kinds, train_catalog, train_layout, train_spec)
 from rlhf_dyna.transition.executor import execute
 from rlhf_dyna.transition.movers import MoveStats, StateMover
 from rlhf_dyna.transition.relayout import TrainLayout, bind_train_state
@@ -30,8 +33,9 @@ from rlhf_dyna.vps.spec import ParallelSpec, Phase
 
 def make_vps_mover(hf_config: object, budget_bytes: int = DEFAULT_BUDGET_BYTES, verify: bool = False,
                    in_place: bool = False, recorder: TraceRecorder | None = None, trace_name: str = "relayout") -> StateMover:
-    """A StateMover for `hf_config`'s model. in_place: free each source shard as soon as its last read is done
-    (only when the source state is consumed, as in relayout; never when the caller reuses it)."""
+    """A StateMover for `hf_config`'s model. in_place: adopt the source shards that stay and free each other one as
+    soon as its last read is done (only when the source state is consumed, as in relayout; never when the caller
+    reuses it: old and new state share the adopted storages)."""
 
     def move(source: Mapping[StateKey, Tensor], destination: Mapping[StateKey, Tensor]) -> MoveStats:
         if source.keys() != destination.keys():
@@ -42,8 +46,15 @@ def make_vps_mover(hf_config: object, budget_bytes: int = DEFAULT_BUDGET_BYTES, 
                     train_spec(destination), kinds, budget_bytes, rank)
         src = bind_train_buffers(source, t.src, rank)
         dst = bind_train_buffers(destination, t.dst, rank)
-        stats = execute(t.rank_plan, src, dst, verify=verify, trace=recorder, trace_name=trace_name,
-                        release=release_storage(src) if in_place else None)
+        prepared, release = t.rank_plan, None
+        if in_place:
+            adopted = adoptable(prepared.plan, src, dst)
+            keys = {buffer_name(k): k for k in destination}
+            for d, s in adopted.items():
+                adopt_storage(destination[keys[d]], src[s])
+                dst[d] = src[s]
+            prepared, release = without_copies(prepared, adopted), release_storage(src)
+        stats = execute(prepared, src, dst, verify=verify, trace=recorder, trace_name=trace_name, release=release)
         return MoveStats(time.perf_counter() - start, stats.bytes_received, stats.rounds, stats.peak_extra_bytes)
 
     return move

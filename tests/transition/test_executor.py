@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 from transformers import Qwen3Config
 
 from rlhf_dyna.models.catalog import catalog_from_config
+from rlhf_dyna.transition.adopt import adoptable, without_copies
 from rlhf_dyna.transition.executor import execute, prepare
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.verify import TransitionMismatch, check_destination, source_sums
@@ -94,7 +95,7 @@ def _transition(rank: int, src_spec: ParallelSpec, dst_spec: ParallelSpec, budge
     return src, dst, schedule, state, local_buffers(src, state, rank, True), local_buffers(dst, state, rank, False)
 
 
-def _total(value: int) -> int:
+def sum_over_ranks(value: int) -> int:
     t = torch.tensor([value], dtype=torch.int64)
     dist.all_reduce(t)
     return int(t)
@@ -113,7 +114,7 @@ def _move_and_check(rank: int, world: int, src_spec: ParallelSpec, dst_spec: Par
             buf.zero_()
         stats = execute(runnable, src_bufs, dst_bufs, verify=True, trace=trace)
         expect_destination(dst, state, rank, dst_bufs)
-        assert _total(stats.bytes_received) == _total(stats.bytes_sent) == schedule.plan.min_bytes == schedule.plan.moved_bytes
+        assert sum_over_ranks(stats.bytes_received) == sum_over_ranks(stats.bytes_sent) == schedule.plan.min_bytes == schedule.plan.moved_bytes
         assert stats.rounds == schedule.num_rounds >= min_rounds
         assert stats.peak_extra_bytes <= budget + largest, (stats.peak_extra_bytes, budget, largest)
     merged = torch.tensor([any(e.args["window"].split("-")[0] != e.args["window"].split("-")[1] for e in windows.events)])
@@ -181,3 +182,32 @@ def _release_early(rank: int, world: int) -> None:
 @pytest.mark.timeout(90)
 def test_in_place_release_frees_sources_and_keeps_results():
     run_ranks(_release_early, 2)
+
+
+def _adopt_kept_shards(rank: int, world: int) -> None:
+    """dp2 -> tp2 keeps every column-parallel shard on its rank: those destinations take over the source storage
+    (no copy), the rest still arrive, adopted sources are never released, and every element is right."""
+    src, dst, schedule, state, src_bufs, dst_bufs = _transition(rank, ParallelSpec(dp=2), ParallelSpec(dp=1, tp=2), 1024)
+    prepared = prepare(for_rank(schedule, rank))
+    adopted = adoptable(prepared.plan, src_bufs, dst_bufs)
+    assert 0 < len(adopted) < len(dst_bufs)
+    assert any(t.dst_buffer == "model.layers.0.self_attn.q_proj.weight:param" for t in prepared.plan.copies)
+    assert "model.layers.0.self_attn.q_proj.weight:param" in adopted
+    assert "model.layers.0.self_attn.o_proj.weight:param" not in adopted  # row-parallel: split the other way
+    for d, s in adopted.items():
+        dst_bufs[d] = src_bufs[s]
+    released: set[str] = set()
+
+    def release(name: str) -> None:
+        released.add(name)
+        src_bufs[name].untyped_storage().resize_(0)
+
+    stats = execute(without_copies(prepared, adopted), src_bufs, dst_bufs, verify=True, release=release)
+    expect_destination(dst, state, rank, dst_bufs)
+    assert released.isdisjoint(adopted.values()) and released
+    assert stats.local_bytes == sum(t.nbytes for t in prepared.plan.copies if t.dst_buffer not in adopted)
+
+
+@pytest.mark.timeout(90)
+def test_in_place_adopts_shards_that_stay():
+    run_ranks(_adopt_kept_shards, 2)

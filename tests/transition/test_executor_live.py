@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from rlhf_dyna.models.build import build_policy
 from rlhf_dyna.train.engine import TrainEngine
@@ -21,7 +22,7 @@ from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.vps.cache import cached_plan
 from rlhf_dyna.vps.spec import ParallelSpec
 from tests.engines._common import nll_loss, random_batch, tiny_spec
-from tests.transition.test_executor import run_ranks
+from tests.transition.test_executor import run_ranks, sum_over_ranks
 
 
 def _trained(world: int, dp: int, tp: int) -> TrainEngine:
@@ -35,12 +36,19 @@ def _relayout_both(rank: int, world: int, src: tuple[int, int], dst: tuple[int, 
     recorder = TraceRecorder(rank)
     engine = _trained(world, *src)
     config = engine.model.config
-    old_shards = [local_of(p) for p in engine.model.parameters()]
+    old_shards = [local_of(t) for t in bind_train_state(engine).values()]
     mover = make_vps_mover(config, budget, verify=True, in_place=in_place, recorder=recorder)
     moved, stats = relayout(engine, TrainLayout(*dst), mover=mover)
-    if in_place:  # every consumed source shard's storage was freed during the move
-        assert all(s.untyped_storage().nbytes() == 0 for s in old_shards)
     want, got = bind_train_state(reference), bind_train_state(moved)
+    if in_place:  # every consumed source shard was freed during the move, or adopted whole by the new engine
+        new_storages = {local_of(t).untyped_storage().data_ptr() for t in got.values()}
+        adopted = [s for s in old_shards if s.untyped_storage().nbytes() > 0]
+        assert all(s.untyped_storage().data_ptr() in new_storages for s in adopted)
+        assert sum_over_ranks(len(adopted)) > 0  # some shards stay on their rank in both orders of dp4 -> dp2 x tp2
+        for module in moved.model.modules():  # FSDP gathers from its own flat view: it must see the adopted storage
+            group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+            for fp in group.fsdp_params if group is not None else ():
+                assert fp._sharded_param_data.untyped_storage().data_ptr() == local_of(fp.sharded_param).untyped_storage().data_ptr()
     assert want.keys() == got.keys() and len(got) == 3 * len(list(moved.model.parameters()))
     for key in sorted(want):
         assert torch.equal(local_of(got[key]), local_of(want[key])), f"rank {rank}: {key} differs"
