@@ -28,7 +28,8 @@ DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
 
 def local_tensor(t: Tensor) -> Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t.detach()
+    """The shard itself: `to_local()`'s autograd wrapper costs ~0.1 ms a call, 0.15 s for a 500M model's state."""
+    return t._local_tensor if isinstance(t, DTensor) else t.detach()
 
 
 def mesh_order(state: Mapping[StateKey, Tensor]) -> tuple[int, int, bool]:

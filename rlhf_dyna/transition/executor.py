@@ -17,7 +17,7 @@ per stream); on the CPU its memory is reused from round to round (`StagingArena`
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +66,7 @@ class PreparedPlan:
     src_needs: dict[str, BufferNeed]
     dst_needs: dict[str, BufferNeed]
     budget_bytes: int | None  # staging allowed in flight when gloo runs consecutive rounds together; None: one round
+    send_order: tuple[int, ...]  # peers to pack for first: those with the most to receive overall finish last
 
 
 def _needs(pairs: list[tuple[Transfer, str, int, tuple[int, ...]]], with_dtype: bool) -> dict[str, BufferNeed]:
@@ -88,7 +89,10 @@ def first_tags(per_round: list[PeerMessages]) -> list[dict[int, int]]:
     return out
 
 
-def prepare(plan: RankPlan, direct_bytes: int = DIRECT_BYTES, budget_bytes: int | None = None) -> PreparedPlan:
+def prepare(plan: RankPlan, direct_bytes: int = DIRECT_BYTES, budget_bytes: int | None = None,
+            received_by_rank: Sequence[int] | None = None) -> PreparedPlan:
+    """`received_by_rank`: bytes every rank receives in the whole schedule (Plan.pair_bytes().sum(0)); gloo then
+    packs for the peers with the most to receive first, the ones that set the transition's end."""
     send_cut = {peer: StreamCutter(s.transfers) for peer, s in plan.sends.items()}
     recv_cut = {peer: StreamCutter(s.transfers) for peer, s in plan.recvs.items()}
     sends = [{p: send_cut[p].messages(lo, hi, direct_bytes) for p, (lo, hi) in r.sends.items()} for r in plan.rounds]
@@ -105,8 +109,10 @@ def prepare(plan: RankPlan, direct_bytes: int = DIRECT_BYTES, budget_bytes: int 
     incoming = plan.copies + [t for s in plan.recvs.values() for t in s.transfers]
     src_needs = _needs([(t, t.src_buffer, t.src_offset, t.src_strides) for t in outgoing], with_dtype=False)
     dst_needs = _needs([(t, t.dst_buffer, t.dst_offset, t.dst_strides) for t in incoming], with_dtype=True)
+    load = received_by_rank if received_by_rank is not None else [0] * (max(plan.sends, default=0) + 1)
+    send_order = tuple(sorted(plan.sends, key=lambda peer: (-load[peer], peer)))
     return PreparedPlan(plan, sends, recvs, first_tags(sends), first_tags(recvs), last_read, src_needs, dst_needs,
-                        budget_bytes)
+                        budget_bytes, send_order)
 
 
 def check_buffers(p: PreparedPlan, src: Mapping[str, Tensor], dst: Mapping[str, Tensor]) -> None:
@@ -138,7 +144,7 @@ class StagingArena:
     def fit(self, nbytes: int) -> None:
         if nbytes > self.nbytes:
             self.buffer = None  # drop the old block before taking the larger one
-            self.buffer = torch.empty(nbytes, dtype=torch.uint8)
+            self.buffer = torch.empty(nbytes, dtype=torch.uint8).fill_(0)  # fault the pages in now, not in the next round
 
 
 STAGING = StagingArena()  # one per process: ranks run one transition at a time
@@ -214,8 +220,8 @@ def post_streaming(io: RoundIO, p: PreparedPlan, i: int, group: dist.ProcessGrou
     works = [dist.irecv(io.incoming(m), peer_rank(group, peer), group, tag=p.recv_tags[i][peer] + k)
              for peer, msgs in p.recvs[i].items() for k, m in enumerate(msgs)]
     to_pack = []
-    for peer, msgs in p.sends[i].items():
-        for k, m in enumerate(msgs):
+    for peer in (peer for peer in p.send_order if peer in p.sends[i]):
+        for k, m in enumerate(p.sends[i][peer]):
             view = io.direct(m)
             if view is None:
                 to_pack.append((peer, p.send_tags[i][peer] + k, m))

@@ -42,5 +42,7 @@ def planned(src_catalog: ModelCatalog, src_spec: ParallelSpec, dst_catalog: Mode
         src = build_layout(src_catalog, src_spec, kinds)
         dst = build_layout(dst_catalog, dst_spec, kinds)
         schedule = build_schedule(build_plan(src, dst, ranks_per_node()), budget_bytes)
-        _CACHE[key] = PlannedTransition(src, dst, schedule, prepare(for_rank(schedule, rank), budget_bytes=budget_bytes))
+        received = [int(b) for b in schedule.plan.pair_bytes().sum(axis=0)]
+        _CACHE[key] = PlannedTransition(src, dst, schedule, prepare(for_rank(schedule, rank), budget_bytes=budget_bytes,
+                                                                    received_by_rank=received))
     return _CACHE[key]

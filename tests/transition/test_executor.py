@@ -211,3 +211,15 @@ def _adopt_kept_shards(rank: int, world: int) -> None:
 @pytest.mark.timeout(90)
 def test_in_place_adopts_shards_that_stay():
     run_ranks(_adopt_kept_shards, 2)
+
+
+def test_gloo_packs_first_for_the_peers_with_most_to_receive():
+    """Receivers that get the most bytes set a transition's end: a sender packs for them first."""
+    _, _, schedule, _, _, _ = _transition(0, ParallelSpec(dp=4), ParallelSpec(dp=2, tp=2, tp_outer=True), 1 << 20)
+    received = [int(b) for b in schedule.plan.pair_bytes().sum(axis=0)]
+    for rank in range(4):
+        plan = for_rank(schedule, rank)
+        order = prepare(plan, received_by_rank=received).send_order
+        assert sorted(order) == sorted(plan.sends)
+        assert [received[p] for p in order] == sorted((received[p] for p in plan.sends), reverse=True)
+    assert len(set(received)) > 1  # the loads differ, so the order is not the default one by accident
