@@ -252,6 +252,14 @@ def rank_main(rank: int, world: int, port: int, size: str, transitions: list[str
     dist.destroy_process_group()
 
 
+def merge_reports(earlier: list[dict], later: list[dict]) -> list[dict]:
+    """Per-rank reports of separate launches as one: records and floors appended, the first launch's bandwidths."""
+    if not earlier:
+        return later
+    return [{**b, **a, "records": a["records"] + b["records"], "must_receive": {**a["must_receive"], **b["must_receive"]}}
+            for a, b in zip(earlier, later)]
+
+
 def restart_worker(size: str, ckpt: str, out: str) -> None:
     """A fresh process of the restarted job: init, build the new layout, load the checkpoint, report its time."""
     rank = int(os.environ["RANK"])
@@ -352,10 +360,12 @@ def main() -> None:
             print(f"[{size}] skipped: needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB available", flush=True)
             continue
         ckpt = str(Path(args.ckpt or out / "ckpt") / size)
-        result = out / f"ranks_{size}.json"
-        mp.start_processes(rank_main, args=(WORLD, _free_port(), size, transitions, bw_bytes, ckpt, str(result)),
-                           nprocs=WORLD, join=True, start_method="forkserver")
-        per_rank = json.loads(result.read_text())
+        per_rank: list[dict] = []
+        for transition in transitions:  # fresh ranks per transition: memory a phase leaves behind cannot add up
+            result = out / f"ranks_{size}_{transition}.json"
+            mp.start_processes(rank_main, args=(WORLD, _free_port(), size, [transition], bw_bytes, ckpt, str(result)),
+                               nprocs=WORLD, join=True, start_method="forkserver")
+            per_rank = merge_reports(per_rank, json.loads(result.read_text()))
         restart = time_restart(size, ckpt, out) if "dp4_to_dp2tp2" in transitions else None
         rows += summarize(size, per_rank, restart)
         bandwidth = per_rank[0]["bandwidth"]
