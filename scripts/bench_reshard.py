@@ -46,7 +46,9 @@ from rlhf_dyna.transition.movers import MoveStats, local_of, move_by_full_tensor
 from rlhf_dyna.transition.relayout import (MeshCache, TrainLayout, allocate_optimizer_state, bind_train_state,
                                            empty_engine_like, meta_skeleton)
 from rlhf_dyna.transition.rollout_target import RolloutTarget
+from rlhf_dyna.transition.bind_train import buffer_name, state_kinds, train_catalog, train_spec
 from rlhf_dyna.transition.vps_mover import least_moving_layout, make_vps_mover
+from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
 from rlhf_dyna.transition.vps_targets import move_to_rollout_target
 
 # VPS (planner + executor) moves the same state into the same target: `vps_cold` once, planning included, then `vps`
@@ -112,17 +114,17 @@ def _bytes(tensors: dict[object, Tensor]) -> int:
 
 
 def _run(method: str, transition: str, fn: Callable[[], MoveStats], dst: dict[object, Tensor], reference: list[float] | None,
-         repeats: int = 1, probe_bytes: int = 0, setup: Callable[[], None] | None = None) -> dict:
+         repeats: int = 1, probe_bytes: int = 0, setup: Callable[[], list[object]] | None = None) -> dict:
     """`repeats` timed runs, each into a NaN-filled destination and checked against `reference`; with probe_bytes,
     each run is paired with a p2p bandwidth probe right before it (the floor of that run: same machine state).
-    `setup` runs untimed before each run (an in-place move gets a fresh source to consume)."""
+    `setup` runs untimed before each run (an in-place move: fresh source and destination) and names the
+    destination entries to fill (the others are replaced by the move)."""
     seconds, bandwidths, peak, correct = [], [], 0, True
     for _ in range(repeats):
-        if setup is not None:
-            setup()
+        to_fill = setup() if setup is not None else list(dst)
         with torch.no_grad():
-            for tensor in dst.values():
-                local_of(tensor).fill_(float("nan"))
+            for key in to_fill:
+                local_of(dst[key]).fill_(float("nan"))
         if probe_bytes:
             bandwidths.append(p2p_bandwidth(probe_bytes, repeats=1))
         dist.barrier()
@@ -138,26 +140,38 @@ def _run(method: str, transition: str, fn: Callable[[], MoveStats], dst: dict[ob
 
 
 def _vps_records(transition: str, move: Callable[[], MoveStats], dst: dict[object, Tensor], reference: list[float],
-                 probe_bytes: int, setup: Callable[[], None] | None = None) -> list[dict]:
+                 probe_bytes: int, setup: Callable[[], list[object]] | None = None) -> list[dict]:
     """`vps_cold` once (planning included), then `vps` VPS_REPEATS times, each after its paired bandwidth probe."""
     return [_run("vps_cold", transition, move, dst, reference, setup=setup),
             _run("vps", transition, move, dst, reference, VPS_REPEATS, probe_bytes, setup)]
 
 
-def _vps_in_place_records(transition: str, make_source: Callable[[], TrainEngine], hf_config: object,
+def _vps_in_place_records(transition: str, make_source: Callable[[], TrainEngine], layout: TrainLayout, mesh,
                           destination: dict[object, Tensor], reference: list[float], probe_bytes: int) -> list[dict]:
-    """vps as relayout runs it: in place, each run consuming a fresh source (rebuilt untimed, same values), whose
-    shards that stay are adopted by the destination instead of copied and the rest freed as soon as sent."""
+    """vps as relayout runs it: in place, from a fresh source (same values) into a fresh empty engine, both built
+    untimed: shards that stay are adopted (never touched here, as in relayout), the rest freed as soon as sent."""
     held: dict[str, dict] = {}
-    mover = make_vps_mover(hf_config, in_place=True)
 
-    def setup() -> None:
+    def setup() -> list[object]:
+        cold = not held
         held.clear()
-        gc.collect()  # the previous run's consumed source goes before the next one is built
-        held["source"] = bind_train_state(make_source())
+        destination.clear()
+        gc.collect()  # the previous run's engines go before the next ones are built
+        source_engine = make_source()
+        dst_engine = empty_engine_like(source_engine, layout, mesh, meta_skeleton(source_engine.model))
+        allocate_optimizer_state(dst_engine, torch.tensor(0.0))
+        held["source"], config = bind_train_state(source_engine), source_engine.model.config
+        destination.update(bind_train_state(dst_engine))
+        held["mover"] = make_vps_mover(config, in_place=True)
+        if cold:  # asking which buffers are adopted would plan before the cold run
+            return list(destination)
+        src = held["source"]
+        adopted, _ = planned(train_catalog(config, src), train_spec(src), train_catalog(config, destination),
+                             train_spec(destination), state_kinds(src), DEFAULT_BUDGET_BYTES, dist.get_rank()).in_place
+        return [key for key in destination if buffer_name(key) not in adopted]
 
-    return _vps_records(transition, lambda: mover(held.pop("source"), destination), destination, reference, probe_bytes,
-                        setup)
+    return _vps_records(transition, lambda: held["mover"](held.pop("source"), destination), destination, reference,
+                        probe_bytes, setup)
 
 
 def _train_destination(source_engine: TrainEngine, layout: TrainLayout, mesh) -> tuple[TrainEngine, dict, tuple[int, int]]:
@@ -183,9 +197,9 @@ def bench_to_rollout(source_engine: TrainEngine, mesh2d, probe_bytes: int) -> tu
 
 
 def bench_train_to_train(make_source: Callable[[], TrainEngine], mesh2d, ckpt: str, probe_bytes: int) -> tuple[list[dict], tuple[int, int], dict]:
-    """naive, redistribute and DCP from one source; then vps in place, each run consuming a fresh copy of it."""
+    """naive, redistribute and DCP from one source; then vps in place, each run from a fresh copy of it."""
     source_engine = make_source()
-    source, config = bind_train_state(source_engine), source_engine.model.config
+    source = bind_train_state(source_engine)
     dst_engine, destination, floor_bytes = _train_destination(source_engine, DST_LAYOUT, mesh2d)
     naive = _run("naive", "dp4_to_dp2tp2", lambda: move_by_full_tensors(source, destination), destination, None)
     records = [naive, _run("redistribute", "dp4_to_dp2tp2", lambda: baselines.redistribute_train(source, destination, mesh2d),
@@ -200,8 +214,9 @@ def bench_train_to_train(make_source: Callable[[], TrainEngine], mesh2d, ckpt: s
         return MoveStats(saved["seconds"] + loaded, written + read, 2, 0)
 
     records.append(_run("checkpoint", "dp4_to_dp2tp2", checkpoint, destination, naive["fingerprint"]))
-    del source_engine, source  # memory: the in-place runs hold one source at a time
-    records += _vps_in_place_records("dp4_to_dp2tp2", make_source, config, destination, naive["fingerprint"], probe_bytes)
+    del source_engine, source, dst_engine  # memory: the in-place runs hold one source and one destination at a time
+    records += _vps_in_place_records("dp4_to_dp2tp2", make_source, DST_LAYOUT, mesh2d, destination, naive["fingerprint"],
+                                     probe_bytes)
     return records, floor_bytes, dict(save_seconds=saved["seconds"], reference=naive["fingerprint"])
 
 
@@ -210,12 +225,13 @@ def bench_searched_order(make_source: Callable[[], TrainEngine], meshes: MeshCac
     of every column-parallel weight), into one destination engine built on that mesh: floor, naive, vps in place."""
     source_engine = make_source()
     layout = least_moving_layout(source_engine, DST_LAYOUT)
-    source, config = bind_train_state(source_engine), source_engine.model.config
-    _, destination, floor_bytes = _train_destination(source_engine, layout,
-                                                     meshes.get(layout.dp, layout.tp, layout.tp_outer))
+    mesh = meshes.get(layout.dp, layout.tp, layout.tp_outer)
+    source = bind_train_state(source_engine)
+    _, destination, floor_bytes = _train_destination(source_engine, layout, mesh)
     naive = _run("naive", SEARCHED, lambda: move_by_full_tensors(source, destination), destination, None)
     del source_engine, source
-    records = [naive, *_vps_in_place_records(SEARCHED, make_source, config, destination, naive["fingerprint"], probe_bytes)]
+    records = [naive, *_vps_in_place_records(SEARCHED, make_source, layout, mesh, destination, naive["fingerprint"],
+                                             probe_bytes)]
     return records, floor_bytes, layout.describe()
 
 

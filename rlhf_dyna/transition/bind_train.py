@@ -19,6 +19,7 @@ from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.train.mesh import is_tp_outer
 from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.vps.layout import Layout, build_layout
+from rlhf_dyna.vps.layout_types import Buffer
 from rlhf_dyna.vps.model import ModelCatalog
 from rlhf_dyna.vps.spec import ParallelSpec, Phase
 from rlhf_dyna.vps.tensor import Kind
@@ -73,9 +74,11 @@ def buffer_name(key: StateKey) -> str:
     return f"{key[0]}:{key[1]}"
 
 
-def bind_train_buffers(state: Mapping[StateKey, Tensor], layout: Layout, rank: int) -> dict[str, Tensor]:
-    """buffer name -> this rank's local shard, checked against the layout (shape, dtype, contiguity, coverage)."""
-    expected = layout.buffers(rank)
+def bind_train_buffers(state: Mapping[StateKey, Tensor], layout: Layout, rank: int,
+                       expected: Mapping[str, Buffer] | None = None) -> dict[str, Tensor]:
+    """buffer name -> this rank's local shard, checked against the layout (shape, dtype, contiguity, coverage);
+    `expected`: the layout's buffers of this rank, when the caller has them cached."""
+    expected = layout.buffers(rank) if expected is None else expected
     out: dict[str, Tensor] = {}
     for key, tensor in state.items():
         local, name = local_tensor(tensor), buffer_name(key)

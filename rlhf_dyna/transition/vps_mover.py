@@ -19,7 +19,6 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlhf_dyna.train.engine import TrainEngine
-from rlhf_dyna.transition.adopt import adoptable, without_copies
 from rlhf_dyna.transition.bind_train import (StateKey, adopt_storage, bind_train_buffers, buffer_name, release_storage,
                                              state_kinds, train_catalog, train_layout, train_spec)
 from rlhf_dyna.transition.executor import execute
@@ -44,16 +43,16 @@ def make_vps_mover(hf_config: object, budget_bytes: int = DEFAULT_BUDGET_BYTES, 
         kinds = state_kinds(source)
         t = planned(train_catalog(hf_config, source), train_spec(source), train_catalog(hf_config, destination),
                     train_spec(destination), kinds, budget_bytes, rank)
-        src = bind_train_buffers(source, t.src, rank)
-        dst = bind_train_buffers(destination, t.dst, rank)
+        src = bind_train_buffers(source, t.src, rank, t.src_buffers)
+        dst = bind_train_buffers(destination, t.dst, rank, t.dst_buffers)
         prepared, release = t.rank_plan, None
         if in_place:
-            adopted = adoptable(prepared.plan, src, dst)
+            adopted, prepared = t.in_place
             keys = {buffer_name(k): k for k in destination}
             for d, s in adopted.items():
                 adopt_storage(destination[keys[d]], src[s])
                 dst[d] = src[s]
-            prepared, release = without_copies(prepared, adopted), release_storage(src)
+            release = release_storage(src)
         stats = execute(prepared, src, dst, verify=verify, trace=recorder, trace_name=trace_name, release=release)
         return MoveStats(time.perf_counter() - start, stats.bytes_received, stats.rounds, stats.peak_extra_bytes)
 

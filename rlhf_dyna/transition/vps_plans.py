@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch.distributed as dist
 
+from rlhf_dyna.transition.adopt import adoptable, without_copies
 from rlhf_dyna.transition.executor import PreparedPlan, prepare
 from rlhf_dyna.vps.cache import model_key
 from rlhf_dyna.vps.layout import Layout, build_layout
+from rlhf_dyna.vps.layout_types import Buffer
 from rlhf_dyna.vps.model import ModelCatalog
 from rlhf_dyna.vps.plan import build_plan
 from rlhf_dyna.vps.rank_plan import for_rank
@@ -25,6 +28,21 @@ class PlannedTransition:
     dst: Layout
     schedule: Schedule
     rank_plan: PreparedPlan  # this rank's share, cut into messages once
+
+    @cached_property
+    def src_buffers(self) -> dict[str, Buffer]:
+        return self.src.buffers(self.rank_plan.plan.rank)
+
+    @cached_property
+    def dst_buffers(self) -> dict[str, Buffer]:
+        return self.dst.buffers(self.rank_plan.plan.rank)
+
+    @cached_property
+    def in_place(self) -> tuple[dict[str, str], PreparedPlan]:
+        """For a consumed source: destination buffers that adopt a source buffer's storage, and the plan without
+        their copies (transition.adopt)."""
+        adopted = adoptable(self.rank_plan.plan, self.src_buffers, self.dst_buffers)
+        return adopted, without_copies(self.rank_plan, adopted)
 
 
 _CACHE: dict[tuple, PlannedTransition] = {}

@@ -43,8 +43,9 @@ class VpsSync(WeightSync):
                     rollout_spec(rollout), (Kind.PARAM,), self.budget_bytes, rank)
         destination = VllmDestination(rollout, t.dst, rank)
         moving = time.perf_counter()
-        self.last = execute(t.rank_plan, bind_train_buffers(params, t.src, rank), destination.buffers, verify=self.verify,
-                            trace=self.recorder, trace_name="train_to_rollout")
+        src = bind_train_buffers(params, t.src, rank, t.src_buffers)
+        self.last = execute(t.rank_plan, src, destination.buffers, verify=self.verify, trace=self.recorder,
+                            trace_name="train_to_rollout")
         staged = destination.staged_bytes
         installing = time.perf_counter()
         destination.install()

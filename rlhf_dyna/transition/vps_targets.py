@@ -37,6 +37,6 @@ def move_to_rollout_target(hf_config: object, params: Mapping[str, Tensor], targ
     if want != have:
         raise ValueError(f"RolloutTarget buffers differ from the VPS rollout layout: "
                          f"{sorted(n for n in want.keys() | have.keys() if want.get(n) != have.get(n))[:5]}")
-    stats = execute(t.rank_plan, bind_train_buffers(state, t.src, rank), target.buffers, verify=verify, trace=recorder,
-                    trace_name="train_to_rollout")
+    src = bind_train_buffers(state, t.src, rank, t.src_buffers)
+    stats = execute(t.rank_plan, src, target.buffers, verify=verify, trace=recorder, trace_name="train_to_rollout")
     return MoveStats(time.perf_counter() - start, stats.bytes_received, stats.rounds, stats.peak_extra_bytes)

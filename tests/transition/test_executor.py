@@ -189,7 +189,7 @@ def _adopt_kept_shards(rank: int, world: int) -> None:
     (no copy), the rest still arrive, adopted sources are never released, and every element is right."""
     src, dst, schedule, state, src_bufs, dst_bufs = _transition(rank, ParallelSpec(dp=2), ParallelSpec(dp=1, tp=2), 1024)
     prepared = prepare(for_rank(schedule, rank))
-    adopted = adoptable(prepared.plan, src_bufs, dst_bufs)
+    adopted = adoptable(prepared.plan, src.buffers(rank), dst.buffers(rank))
     assert 0 < len(adopted) < len(dst_bufs)
     assert any(t.dst_buffer == "model.layers.0.self_attn.q_proj.weight:param" for t in prepared.plan.copies)
     assert "model.layers.0.self_attn.q_proj.weight:param" in adopted
