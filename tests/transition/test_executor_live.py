@@ -99,3 +99,22 @@ def test_relayout_dp4_to_dp2_tp2_tp_outer_moves_params_and_adam_state():
 @pytest.mark.timeout(150)
 def test_rank_order_search_picks_tp_outer_from_fsdp():
     run_ranks(_least_moving_order, 4)
+
+
+def _zero_switch_in_place(rank: int, world: int) -> None:
+    """dp2 ZeRO-3 -> dp2 ZeRO-1: every shard stays, so the in-place move adopts all of them: nothing is sent or
+    copied, and the engine trains on exactly as a full-tensor relayout's does."""
+    reference, _ = relayout(_trained(world, 2, 1), TrainLayout(2, 1, zero=1))
+    engine = _trained(world, 2, 1)
+    old = {key: local_of(t) for key, t in bind_train_state(engine).items()}
+    moved, stats = relayout(engine, TrainLayout(2, 1, zero=1), mover=make_vps_mover(engine.model.config, verify=True, in_place=True))
+    assert stats.bytes_received == 0 and stats.rounds == 0
+    for key, t in bind_train_state(moved).items():
+        assert local_of(t).untyped_storage().data_ptr() == old[key].untyped_storage().data_ptr(), key
+    batch = random_batch(seed=7 + moved.dp_rank, batch=2)
+    assert moved.step(batch, nll_loss)["loss"] == reference.step(batch, nll_loss)["loss"]
+
+
+@pytest.mark.timeout(120)
+def test_zero3_to_zero1_in_place_adopts_every_shard():
+    run_ranks(_zero_switch_in_place, 2)
