@@ -8,7 +8,7 @@ Methods: vps (rlhf_dyna.transition: planner + executor), naive, redistribute, ch
 checkpoint_restart (DCP save, then fresh processes: init, build, load), and the floor: the most bytes any one
 rank must receive over the point-to-point bandwidth measured in the same run (all ranks exchanging at once);
 `x floor+copy` also counts the rank-local copy of what a rank keeps (at the copy rate measured in the same run,
-overlapped with the receives: the larger of the two), which dominates when a rank order keeps most state in place.
+overlapped with the receives: the larger of the two); an in-place relayout adopts whole kept shards, not copies them.
 `vps` runs 3 times, each paired with a bandwidth probe right before it: the table shows the median run, the
 median paired floor, and the median of the paired ratios (x floor); the other methods run once (JSON: every run).
 Train -> train, vps runs in place as `relayout` does (the old state is consumed): each run gets a fresh source
@@ -41,12 +41,12 @@ from bench_report import same_fingerprint, summarize, write_report
 from rlhf_dyna.models.build import ModelSpec, make_hf_config
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.transition import baselines
+from rlhf_dyna.transition.bind_train import buffer_name, state_kinds, train_catalog, train_spec
 from rlhf_dyna.transition.measure import PeakExtraMemory, copy_bandwidth, p2p_bandwidth
 from rlhf_dyna.transition.movers import MoveStats, local_of, move_by_full_tensors
 from rlhf_dyna.transition.relayout import (MeshCache, TrainLayout, allocate_optimizer_state, bind_train_state,
                                            empty_engine_like, meta_skeleton)
 from rlhf_dyna.transition.rollout_target import RolloutTarget
-from rlhf_dyna.transition.bind_train import buffer_name, state_kinds, train_catalog, train_spec
 from rlhf_dyna.transition.vps_mover import least_moving_layout, make_vps_mover
 from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
 from rlhf_dyna.transition.vps_targets import move_to_rollout_target
@@ -150,7 +150,7 @@ def _vps_in_place_records(transition: str, make_source: Callable[[], TrainEngine
                           destination: dict[object, Tensor], reference: list[float], probe_bytes: int) -> list[dict]:
     """vps as relayout runs it: in place, from a fresh source (same values) into a fresh empty engine, both built
     untimed: shards that stay are adopted (never touched here, as in relayout), the rest freed as soon as sent."""
-    held: dict[str, dict] = {}
+    held: dict[str, object] = {}  # the next run's source and mover
 
     def setup() -> list[object]:
         cold = not held
