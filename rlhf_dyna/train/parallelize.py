@@ -1,11 +1,13 @@
 """Apply a (dp, tp) training layout to an HF decoder (policy or value model) with torch's own parallel APIs."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 # Megatron-style pairs per decoder layer: column-parallel in, row-parallel out, one all-reduce each.
@@ -43,6 +45,20 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
 
 
 ZERO_STAGES = (1, 2, 3)
+ROW_PARALLEL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+
+
+def fsdp_shard_dim(layer: nn.Module, dp: int) -> Callable[[nn.Parameter], Shard | None]:
+    """Row-parallel weights shard on dim 1 (their TP dim) where the TP-local columns split evenly over dp, so a
+    rank's shard is a column block under dp and dp x tp alike and a relayout between them keeps it in place;
+    everything else keeps FSDP2's dim 0 (vps.train_layout.row_sharded_on_cols mirrors this rule)."""
+    on_cols = set()
+    for name in ROW_PARALLEL:
+        weight = layer.get_parameter(name)
+        cols = (weight.to_local() if isinstance(weight, DTensor) else weight).shape[1]
+        if cols % dp == 0:
+            on_cols.add(id(weight))
+    return lambda param: Shard(1) if id(param) in on_cols else None
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int = 3) -> None:
@@ -65,7 +81,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int 
         raise ValueError(f"precision={precision!r}; valid: 'fp32', 'bf16'")
     keep_replicas = zero < 3
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas)
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas,
+                    shard_placement_fn=fsdp_shard_dim(layer, dp_mesh.size()))
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas)
     if keep_replicas:
         model.set_reshard_after_backward(False)  # recurses: every FSDP module keeps its gathered params

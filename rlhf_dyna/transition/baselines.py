@@ -11,7 +11,6 @@ fused TP weights) or a destination TrainEngine's bound state (DTensors).
 """
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from collections.abc import Mapping
@@ -31,7 +30,7 @@ from rlhf_dyna.transition.rollout_target import RolloutTarget
 
 
 def dp_rows(size: int, world: int, rank: int) -> tuple[int, int]:
-    """Rows [lo, hi) of dim 0 that rank holds under Shard(0) over `world` (torch.chunk semantics)."""
+    """[lo, hi) of a dim of `size` that rank holds under Shard over `world` (torch.chunk semantics)."""
     per = -(-size // world)
     return min(rank * per, size), min((rank + 1) * per, size)
 
@@ -48,11 +47,12 @@ def naive_to_rollout(params: Mapping[str, Tensor], target: RolloutTarget) -> Mov
 
 
 def _on_mesh(source: DTensor, mesh: DeviceMesh) -> DTensor:
-    """A world-wide Shard(0) DTensor seen on a 2-D mesh of the same ranks (row-major): (Shard(0), Shard(0)).
-    Holds only when dim 0 divides evenly over the world; otherwise the two chunkings differ."""
-    if source.shape[0] % mesh.size():
-        raise ValueError(f"dim 0 = {source.shape[0]} is not divisible by {mesh.size()} ranks")
-    return DTensor.from_local(source.to_local(), mesh, [Shard(0), Shard(0)], shape=source.shape, stride=source.stride())
+    """A world-wide Shard(d) DTensor (FSDP: d = 0, or 1 for row-parallel weights) seen on a 2-D mesh of the same
+    ranks (row-major): (Shard(d), Shard(d)). Holds only when dim d divides evenly over the world."""
+    dim = source.placements[0].dim
+    if source.shape[dim] % mesh.size():
+        raise ValueError(f"dim {dim} = {source.shape[dim]} is not divisible by {mesh.size()} ranks")
+    return DTensor.from_local(source.to_local(), mesh, [Shard(dim), Shard(dim)], shape=source.shape, stride=source.stride())
 
 
 @torch.no_grad()
@@ -106,26 +106,25 @@ def checkpoint_load(engine: TrainEngine, path: Path) -> float:
 def must_receive_rollout(params: Mapping[str, Tensor], target: RolloutTarget) -> int:
     """Bytes this rank must receive to fill `target` from dp-sharded `params`: what it needs minus what it holds."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    return sum(
-        target.must_receive(name, tuple(p.shape), dp_rows(p.shape[0], world, rank)) * p.element_size()
-        for name, p in params.items()
-    )
+    total = 0
+    for name, p in params.items():
+        dim = p.placements[0].dim  # FSDP's shard dim: 0, or 1 for row-parallel weights
+        total += target.must_receive(name, tuple(p.shape), (dim, *dp_rows(p.shape[dim], world, rank))) * p.element_size()
+    return total
 
 
 @torch.no_grad()
 def must_receive_train(source: Mapping[StateKey, Tensor], destination: Mapping[StateKey, Tensor]) -> int:
     """Same for a train -> train move: the destination's elements, as flat indices of the logical tensor,
-    outside the contiguous range of rows this rank holds in the dp-sharded source."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    that this rank's source shard does not hold."""
     elements: dict[str, int] = {}  # per parameter name: its optimizer states share its layout
     total = 0
     for key in sorted(destination):
         src, dst = source[key], destination[key]
         if key[0] not in elements:
-            row = math.prod(src.shape[1:])
-            lo, hi = dp_rows(src.shape[0], world, rank)
             index = torch.arange(src.numel(), dtype=torch.int64).view(src.shape)
             mine = distribute_tensor(index, dst.device_mesh, dst.placements, src_data_rank=None).to_local()
-            elements[key[0]] = mine.numel() - int(((mine >= lo * row) & (mine < hi * row)).sum())
+            held = distribute_tensor(index, src.device_mesh, src.placements, src_data_rank=None).to_local()
+            elements[key[0]] = mine.numel() - int(torch.isin(mine, held).sum())
         total += elements[key[0]] * dst.element_size()
     return total

@@ -100,9 +100,10 @@ class RolloutTarget:
         """The dim along which this target splits `src` over TP (None: replicated)."""
         return None if src.endswith("norm.weight") else self.parts_of[src][0].dim  # norms are the replicated ones
 
-    def must_receive(self, src: str, shape: tuple[int, ...], rows: tuple[int, int]) -> int:
-        """Elements of `src` this rank needs but does not hold, when it holds rows [lo, hi) of dim 0."""
-        lo, hi = rows
+    def must_receive(self, src: str, shape: tuple[int, ...], held_range: tuple[int, int, int]) -> int:
+        """Elements of `src` this rank needs but does not hold, when it holds [lo, hi) of dim `dim` (0 or 1) and
+        all of the other dims: held_range = (dim, lo, hi)."""
+        dim, lo, hi = held_range
         inner = 1
         for size in shape[2:]:
             inner *= size
@@ -110,7 +111,7 @@ class RolloutTarget:
         for part in self.parts_of[src]:
             across = shape[1 - part.dim] if len(shape) > 1 else 1  # size of the other of the first two dims
             needed += part.length * across * inner
-            if part.dim == 0:
+            if part.dim == dim:
                 held += max(0, min(hi, part.stop) - max(lo, part.start)) * across * inner
             else:
                 held += (hi - lo) * part.length * inner

@@ -2,7 +2,8 @@
 
 Placement facts mirrored from torch 2.13: DTensor Shard(d) and FSDP2's fully_shard split with
 torch.chunk semantics (ceil-sized chunks, trailing ones short or empty); under TP, FSDP2 shards dim 0
-of the TP-local tensor (placements (_StridedShard(0, sf=tp), Shard(0)) for column-parallel weights).
+of the TP-local tensor (placements (_StridedShard(0, sf=tp), Shard(0)) for column-parallel weights), and
+dim 1 of row-parallel weights where it splits evenly ((_StridedShard(1, sf=tp), Shard(1))).
 """
 from __future__ import annotations
 
@@ -81,6 +82,13 @@ def rank_grid(spec: ParallelSpec) -> np.ndarray:
     return ranks.reshape(spec.pp, spec.dp_replicate, spec.dp * spec.cp, spec.tp)
 
 
+def row_sharded_on_cols(cols: int, tp: int, fsdp: int) -> bool:
+    """FSDP2 shards a row-parallel weight on dim 1 (its TP dim) when the TP-local columns split evenly over the
+    FSDP group (FSDP2's Shard(1) needs even chunks): dp x tp shards are then column blocks, the same ones a pure
+    dp layout holds, so dp <-> dp x tp relayouts keep them in place (train.parallelize.fsdp_shard_dim)."""
+    return cols % tp == 0 and (cols // tp) % fsdp == 0
+
+
 def stage_pieces(t: CatalogTensor, stage: np.ndarray, spec: ParallelSpec, sharded: bool, slot: int):
     if t.role in EXPERT:
         return expert_pieces(t, stage, spec, sharded, slot)
@@ -89,7 +97,9 @@ def stage_pieces(t: CatalogTensor, stage: np.ndarray, spec: ParallelSpec, sharde
         splits[0] = [("tp", chunk)]
     elif t.role in ROW:
         splits[1] = [("tp", chunk)]
-    if sharded:
+    if sharded and t.role in ROW and row_sharded_on_cols(t.shape[1], spec.tp, stage.shape[1]):
+        splits[1].append(("fsdp", even))
+    elif sharded:
         splits[0] = splits.get(0, []) + [("fsdp", chunk)]
     return mesh_pieces(t.shape, stage, ("dpr", "fsdp", "tp"), splits, slot)
 

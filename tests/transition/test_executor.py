@@ -162,7 +162,7 @@ def test_verification_names_the_first_wrong_piece_on_every_rank():
 
 
 def _release_early(rank: int, world: int) -> None:
-    src, dst, schedule, state, src_bufs, dst_bufs = _transition(rank, ParallelSpec(dp=2), ParallelSpec(dp=1, tp=2), 1024)
+    src, dst, schedule, state, src_bufs, dst_bufs = _transition(rank, ParallelSpec(dp=2), ParallelSpec(dp=1, tp=2), 256)
     plan = for_rank(schedule, rank)
     recorder = TraceRecorder(rank)
     released_in_round: dict[str, int] = {}
@@ -185,15 +185,17 @@ def test_in_place_release_frees_sources_and_keeps_results():
 
 
 def _adopt_kept_shards(rank: int, world: int) -> None:
-    """dp2 -> tp2 keeps every column-parallel shard on its rank: those destinations take over the source storage
-    (no copy), the rest still arrive, adopted sources are never released, and every element is right."""
+    """dp2 -> tp2 keeps every column-parallel shard and (FSDP on dim 1) every row-parallel one on its rank: those
+    destinations take over the source storage (no copy), the norms (sharded -> replicated) still arrive, adopted
+    sources are never released, and every element is right."""
     src, dst, schedule, state, src_bufs, dst_bufs = _transition(rank, ParallelSpec(dp=2), ParallelSpec(dp=1, tp=2), 1024)
     prepared = prepare(for_rank(schedule, rank))
     adopted = adoptable(prepared.plan, src.buffers(rank), dst.buffers(rank))
     assert 0 < len(adopted) < len(dst_bufs)
     assert any(t.dst_buffer == "model.layers.0.self_attn.q_proj.weight:param" for t in prepared.plan.copies)
     assert "model.layers.0.self_attn.q_proj.weight:param" in adopted
-    assert "model.layers.0.self_attn.o_proj.weight:param" not in adopted  # row-parallel: split the other way
+    assert "model.layers.0.self_attn.o_proj.weight:param" in adopted  # row-parallel: column blocks both ways
+    assert "model.norm.weight:param" not in adopted  # dp-sharded -> replicated over tp
     for d, s in adopted.items():
         dst_bufs[d] = src_bufs[s]
     released: set[str] = set()

@@ -59,7 +59,7 @@ def _relayout_both(rank: int, world: int, src: tuple[int, int], dst: tuple[int, 
     plan = cached_plan(catalog_from_config(config, "float32", "float32"), ParallelSpec(dp=src[0], tp=src[1]),
                        ParallelSpec(dp=dst[0], tp=dst[1], tp_outer=TrainLayout(*dst).tp_outer), world)
     assert int(received) == plan.min_bytes > 0
-    assert stats.rounds == len(recorder.events) >= 2
+    assert stats.rounds == len(recorder.events) >= 1
     assert [e.round for e in recorder.events] == list(range(stats.rounds))
     batch = random_batch(seed=7 + moved.dp_rank, batch=2)
     assert moved.step(batch, nll_loss)["loss"] == reference.step(batch, nll_loss)["loss"]
@@ -67,7 +67,7 @@ def _relayout_both(rank: int, world: int, src: tuple[int, int], dst: tuple[int, 
 
 @pytest.mark.timeout(150)
 def test_relayout_dp2_to_tp2_moves_params_and_adam_state():
-    run_ranks(_relayout_both, 2, (2, 1), (1, 2), 64 << 10, False)
+    run_ranks(_relayout_both, 2, (2, 1), (1, 2), 4 << 10, False)
 
 
 @pytest.mark.timeout(200)
@@ -93,7 +93,7 @@ def _least_moving_order(rank: int, world: int) -> None:
 
 @pytest.mark.timeout(200)
 def test_relayout_dp4_to_dp2_tp2_tp_outer_moves_params_and_adam_state():
-    run_ranks(_relayout_both, 4, (4, 1), (2, 2, 3, True), 64 << 10, True)
+    run_ranks(_relayout_both, 4, (4, 1), (2, 2, 3, True), 4 << 10, True)
 
 
 @pytest.mark.timeout(150)

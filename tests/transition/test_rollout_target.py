@@ -43,22 +43,24 @@ def test_fused_buffers_hold_this_ranks_slices_in_vllm_order(tp_rank: int) -> Non
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_must_receive_counts_needed_elements_outside_the_held_rows(world: int) -> None:
-    """Brute force: fill the target with 1 + flat index of every element and count the ones this rank lacks."""
+@pytest.mark.parametrize("held_dim", [0, 1])
+def test_must_receive_counts_needed_elements_outside_the_held_range(world: int, held_dim: int) -> None:
+    """Brute force: fill the target with 1 + flat index of every element and count the ones this rank lacks, when
+    it holds a dp chunk of dim 0 (FSDP's default) or of dim 1 (row-parallel weights) of each 2-D tensor."""
     config = make_hf_config(SPEC)
     full = _full_tensors(config, lambda shape: torch.arange(torch.Size(shape).numel(), dtype=torch.float64).view(shape) + 1)
     for rank in range(world):
         target = RolloutTarget(config, tp=2, tp_rank=rank % 2, dtype=torch.float64)
-        expected = 0
+        expected = computed = 0
         for name, tensor in full.items():
             for buffer in target.buffers.values():
                 buffer.zero_()
             target.fill(name, tensor)
-            lo, hi = dp_rows(tensor.shape[0], world, rank)
-            row = tensor[0].numel() if tensor.ndim > 1 else 1
+            dim = held_dim if tensor.ndim > 1 else 0
+            lo, hi = dp_rows(tensor.shape[dim], world, rank)
             got = torch.cat([b.reshape(-1) for b in target.buffers.values()])
-            got = got[got > 0] - 1
-            expected += int(((got < lo * row) | (got >= hi * row)).sum())
-            assert target.must_receive(name, tuple(tensor.shape), (lo, hi)) >= 0
-        computed = sum(target.must_receive(n, tuple(t.shape), dp_rows(t.shape[0], world, rank)) for n, t in full.items())
-        assert computed == expected, (world, rank)
+            flat = (got[got > 0] - 1).long()
+            coord = flat // tensor[0].numel() if dim == 0 and tensor.ndim > 1 else (flat % tensor.shape[1] if dim == 1 else flat)
+            expected += int(((coord < lo) | (coord >= hi)).sum())
+            computed += target.must_receive(name, tuple(tensor.shape), (dim, lo, hi))
+        assert computed == expected, (world, rank, held_dim)

@@ -45,7 +45,7 @@ def _vps_vs_naive(rank: int, world: int, model_dir: str, arch: str, tie: bool, r
                           dtype="bfloat16" if precision == "bf16" else "float32")
     prompts = PROMPTS[rollout.dp_rank :: rollout.dp_size]
     recorder = TraceRecorder(rank)
-    vps = VpsSync(budget_bytes=8 << 10, verify=True, recorder=recorder)  # small budget: several rounds
+    vps = VpsSync(budget_bytes=1 << 10, verify=True, recorder=recorder)  # small budget: several rounds
     rollout_dtype = "bfloat16" if precision == "bf16" else "float32"  # the plan moves destination bytes
     plan = cached_plan(catalog_from_config(engine.model.config, rollout_dtype, "float32"), ParallelSpec(dp=world),
                        ParallelSpec(Phase.ROLLOUT, tp=rollout_tp, vllm_dp=world // rollout_tp), world)
@@ -60,7 +60,7 @@ def _vps_vs_naive(rank: int, world: int, model_dir: str, arch: str, tie: bool, r
         torch.testing.assert_close(logprobs, want_logprobs, atol=1e-5, rtol=1e-5)
         assert stale != want_tokens, "the trained step did not change greedy tokens: the test cannot tell syncs apart"
         assert stats.bytes_moved == plan.min_bytes > 0
-        assert stats.rounds == vps.last.rounds >= 2
+        assert stats.rounds == vps.last.rounds >= 1
         assert stats.peak_extra_bytes >= vps.last.peak_extra_bytes
     assert len(recorder.events) == 2 * stats.rounds
     rollout.shutdown()

@@ -11,11 +11,13 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlhf_dyna.models.catalog import catalog_from_config
+from rlhf_dyna.train.parallelize import fsdp_shard_dim
 from rlhf_dyna.vps.layout import build_layout
 from rlhf_dyna.vps.spec import ParallelSpec
 from rlhf_dyna.vps.tensor import Kind
 
-# Odd sizes so that FSDP's chunks are uneven and some trailing shards are empty.
+# Odd sizes so that FSDP's chunks are uneven and some trailing shards are empty; o_proj's 12 columns split
+# evenly over 4 and over 2 x 2 (sharded on dim 1), down_proj's 14 do not (dim 0).
 CONFIG = dict(hidden_size=10, intermediate_size=14, num_hidden_layers=2, num_attention_heads=2,
               num_key_value_heads=2, head_dim=6, vocab_size=37, tie_word_embeddings=False)
 TP_PLAN = {"model.embed_tokens": RowwiseParallel(), "lm_head": ColwiseParallel()}
@@ -38,9 +40,9 @@ def build(dp: int, tp: int, fsdp: bool, tp_outer: bool) -> LlamaForCausalLM:
         dp_mesh = mesh["dp"]
     else:
         dp_mesh = init_device_mesh("cpu", (dp,), mesh_dim_names=("dp",))
-    if fsdp:
+    if fsdp:  # the engine's FSDP2 placements: row-parallel weights on dim 1 where it splits evenly
         for layer in model.model.layers:
-            fully_shard(layer, mesh=dp_mesh)
+            fully_shard(layer, mesh=dp_mesh, shard_placement_fn=fsdp_shard_dim(layer, dp_mesh.size()))
         fully_shard(model, mesh=dp_mesh)
     return model
 
