@@ -45,7 +45,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
 
 
 ZERO_STAGES = (1, 2, 3)
-ROW_PARALLEL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+ROW_PARALLEL = tuple(f"{name}.weight" for name, style in LAYER_TP_PLAN.items() if isinstance(style, RowwiseParallel))
 
 
 def fsdp_shard_dim(layer: nn.Module, dp: int) -> Callable[[nn.Parameter], Shard | None]:
