@@ -24,6 +24,7 @@ import gc
 import json
 import multiprocessing
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -344,6 +345,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny model only, small bandwidth probe (< 1 min)")
     parser.add_argument("--out", default="bench_out", help="directory for bench_reshard.json and bench_reshard.png")
     parser.add_argument("--ckpt", default=None, help="checkpoint directory for the DCP baselines (default: under --out)")
+    parser.add_argument("--keep-ckpt", action="store_true", help="keep each size's DCP checkpoint (default: deleted once "
+                        "measured; 500M with AdamW state is ~6 GB)")
     parser.add_argument("--transitions", default=",".join(TRANSITIONS), help=f"comma-separated subset of {TRANSITIONS}")
     parser.add_argument("--bw-mib", type=int, default=256, help="message size of the bandwidth probes (start and paired)")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="combine earlier bench_reshard.json files (sizes run "
@@ -376,6 +379,11 @@ def main() -> None:
             print(f"[{size}] skipped: needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB available", flush=True)
             continue
         ckpt = str(Path(args.ckpt or out / "ckpt") / size)
+        disk_need, disk_free = 3 * params[size] * 4, shutil.disk_usage(out).free
+        if "dp4_to_dp2tp2" in transitions and disk_need > 0.9 * disk_free:
+            print(f"[{size}] skipped: its DCP checkpoint needs ~{disk_need / 1e9:.1f} GB, {disk_free / 1e9:.1f} GB free "
+                  f"under {out} (--ckpt puts it elsewhere)", flush=True)
+            continue
         per_rank: list[dict] = []
         for transition in transitions:  # fresh ranks per transition: memory a phase leaves behind cannot add up
             result = out / f"ranks_{size}_{transition}.json"
@@ -383,6 +391,8 @@ def main() -> None:
                                nprocs=WORLD, join=True, start_method="forkserver")
             per_rank = merge_reports(per_rank, json.loads(result.read_text()))
         restart = time_restart(size, ckpt, out) if "dp4_to_dp2tp2" in transitions else None
+        if not args.keep_ckpt:  # a full sweep leaves ~12 GB of checkpoints otherwise
+            shutil.rmtree(ckpt, ignore_errors=True)
         rows += summarize(size, per_rank, restart)
         bandwidth = per_rank[0]["bandwidth"]
         print(f"[{size}] gloo p2p: {bandwidth['concurrent'] / 1e9:.2f} GB/s per rank with all ranks exchanging, "

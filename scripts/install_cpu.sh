@@ -6,6 +6,8 @@ PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP="$VENV/bin/pip"
+# no wheel cache: vllm and its dependencies would keep a second copy of ~1 GB on a disk CI shares
+export PIP_NO_CACHE_DIR=1
 # torch first and pinned: anything looser downloads a CUDA build of several GB.
 "$PIP" install -q torch==2.13.0
 "$PIP" install -q -e ".[cpu,test]"
