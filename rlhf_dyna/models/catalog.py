@@ -5,6 +5,7 @@ Experts are stacked per layer into one logical tensor per projection ([E, I, H] 
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from rlhf_dyna.vps.model import CatalogTensor, ModelCatalog, ModelDims, Role
@@ -39,9 +40,12 @@ def catalog_from_config(cfg: Any, param_dtype: str = "bfloat16", state_dtype: st
     arch = cfg.model_type
     if arch not in DENSE_ARCHS + MOE_ARCHS:
         raise ValueError(f"model_type={arch!r} has no catalog; supported: {', '.join(DENSE_ARCHS + MOE_ARCHS)}")
-    d = dims_from_config(cfg)
     attn_bias = arch == "qwen2" or bool(getattr(cfg, "attention_bias", False))
-    qk_norm = arch in ("qwen3", "qwen3_moe")
+    return _catalog(arch, dims_from_config(cfg), attn_bias, arch in ("qwen3", "qwen3_moe"), param_dtype, state_dtype)
+
+
+@functools.lru_cache(maxsize=64)  # every transition asks again; the catalog is immutable, so one per model is shared
+def _catalog(arch: str, d: ModelDims, attn_bias: bool, qk_norm: bool, param_dtype: str, state_dtype: str) -> ModelCatalog:
     out = [CatalogTensor("model.embed_tokens.weight", Role.EMBED, None, (d.vocab, d.hidden))]
     for i in range(d.num_layers):
         out += layer_tensors(i, d, arch, attn_bias, qk_norm)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import torch
 from torch import Tensor
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from rlhf_dyna.models.catalog import catalog_from_config
@@ -37,11 +38,26 @@ def mesh_order(state: Mapping[StateKey, Tensor]) -> tuple[int, int, bool]:
     """(dp, tp, tp_outer) of the engine's mesh, read from the DTensors: TP'd params live on the 2-D (dp, tp) mesh,
     the rest (and every param without TP) on the 1-D dp mesh. The mesh must cover ranks 0..world-1 in one of the
     VPS train rank orders (tp innermost, or outermost: see train.mesh.build_mesh)."""
-    meshes = {id(t.device_mesh): t.device_mesh for t in state.values() if isinstance(t, DTensor)}
-    if not meshes:
+    mesh = None
+    for t in state.values():
+        if isinstance(t, DTensor) and (mesh is None or t.device_mesh.ndim > mesh.ndim):
+            mesh = t.device_mesh
+            if mesh.ndim > 1:  # the first TP'd param has the full mesh: no need to look at ~1,700 more
+                break
+    if mesh is None:
         raise ValueError("no DTensor in the live state: not an FSDP2 engine")
-    mesh = max(meshes.values(), key=lambda m: m.ndim)
-    ranks = mesh.mesh.flatten().tolist()
+    known = _MESH_ORDERS.get(id(mesh))
+    if known is not None and known[0] is mesh:
+        return known[1]
+    _MESH_ORDERS[id(mesh)] = (mesh, _order_of(mesh))
+    return _MESH_ORDERS[id(mesh)][1]
+
+
+_MESH_ORDERS: dict[int, tuple[DeviceMesh, tuple[int, int, bool]]] = {}  # meshes live as long as their engines' MeshCache
+
+
+def _order_of(mesh: DeviceMesh) -> tuple[int, int, bool]:
+    ranks = mesh.mesh.flatten().tolist()  # ~2 ms per call (DeviceMesh.mesh rebuilds the tensor): cached above
     if mesh.ndim > 2 or sorted(ranks) != list(range(len(ranks))):
         raise ValueError(f"mesh {mesh.mesh_dim_names} over ranks {ranks}: VPS binding needs a (dp[, tp]) mesh over 0..N-1")
     if mesh.ndim == 1:
@@ -111,7 +127,9 @@ def release_storage(buffers: Mapping[str, Tensor]):
 def adopt_storage(destination: Tensor, source_local: Tensor) -> None:
     """Point a destination shard (a DTensor's local tensor) at a consumed source shard's storage (transition.adopt);
     FSDP2 params must then be re-read by FSDP (train.engine.refresh_fsdp_shards), which keeps its own flat view."""
-    local = source_local.detach().view(local_tensor(destination).shape)
+    shape = local_tensor(destination).shape
+    local = source_local.detach() if source_local.requires_grad else source_local
+    local = local if local.shape == shape else local.view(shape)
     if isinstance(destination, DTensor):
         destination._local_tensor = local  # what FSDP2 itself does when it re-pads a shard
     else:
