@@ -6,44 +6,33 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlhf_dyna.models.catalog import catalog_from_config
-from rlhf_dyna.train.parallelize import fsdp_shard_dim
+from rlhf_dyna.train.parallelize import apply_fsdp, apply_tensor_parallel
 from rlhf_dyna.vps.layout import build_layout
 from rlhf_dyna.vps.spec import ParallelSpec
 from rlhf_dyna.vps.tensor import Kind
 
-# Odd sizes so that FSDP's chunks are uneven and some trailing shards are empty; o_proj's 12 columns split
-# evenly over 4 and over 2 x 2 (sharded on dim 1), down_proj's 14 do not (dim 0).
-CONFIG = dict(hidden_size=10, intermediate_size=14, num_hidden_layers=2, num_attention_heads=2,
-              num_key_value_heads=2, head_dim=6, vocab_size=37, tie_word_embeddings=False)
-TP_PLAN = {"model.embed_tokens": RowwiseParallel(), "lm_head": ColwiseParallel()}
-for _i in range(CONFIG["num_hidden_layers"]):
-    for _n in ("q_proj", "k_proj", "v_proj"):
-        TP_PLAN[f"model.layers.{_i}.self_attn.{_n}"] = ColwiseParallel()
-    TP_PLAN[f"model.layers.{_i}.self_attn.o_proj"] = RowwiseParallel()
-    for _n in ("gate_proj", "up_proj"):
-        TP_PLAN[f"model.layers.{_i}.mlp.{_n}"] = ColwiseParallel()
-    TP_PLAN[f"model.layers.{_i}.mlp.down_proj"] = RowwiseParallel()
+# Odd sizes so that FSDP's chunks are uneven and some trailing shards are empty (hidden 6 over 4: 2, 2, 2, 0);
+# o_proj's 12 columns split evenly over 4 and over 2 x 2 (sharded on dim 1), down_proj's 14 do not (dim 0).
+CONFIG = dict(hidden_size=6, intermediate_size=14, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=2, head_dim=6, vocab_size=38, tie_word_embeddings=False)
 
 
 def build(dp: int, tp: int, fsdp: bool, tp_outer: bool) -> LlamaForCausalLM:
+    """The engine's own TP plan and FSDP2 placements (train.parallelize), fp32."""
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**CONFIG)).float()
     if tp > 1:
         ranks = torch.arange(dp * tp).reshape(tp, dp).T if tp_outer else torch.arange(dp * tp).reshape(dp, tp)
         mesh = DeviceMesh("cpu", ranks, mesh_dim_names=("dp", "tp"))
-        parallelize_module(model, mesh["tp"], TP_PLAN)
+        apply_tensor_parallel(model, mesh["tp"])
         dp_mesh = mesh["dp"]
     else:
         dp_mesh = init_device_mesh("cpu", (dp,), mesh_dim_names=("dp",))
-    if fsdp:  # the engine's FSDP2 placements: row-parallel weights on dim 1 where it splits evenly
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=dp_mesh, shard_placement_fn=fsdp_shard_dim(layer, dp_mesh.size()))
-        fully_shard(model, mesh=dp_mesh)
+    if fsdp:
+        apply_fsdp(model, dp_mesh, precision="fp32")
     return model
 
 
