@@ -4,8 +4,8 @@ Live state is keyed (HF name, kind) as `relayout.bind_train_state` returns it, a
 dropped, so what is bound is always the sharded state: FSDP2 shards dim 0 of the TP-local tensor over dp,
 which is the VPS layout ParallelSpec(TRAIN, dp, tp, zero=3) whatever the engine's ZeRO stage (ZeRO-1/2 only
 add replicas that the engine re-gathers). Each local shard (`DTensor.to_local()`) becomes the buffer
-"<name>:<kind>"; its shape is checked against the layout, so a model the layout does not describe
-(e.g. tied embeddings under TP, which the engine keeps replicated) is refused instead of silently mis-moved.
+"<name>:<kind>"; its shape is checked against the layout, so a model the layout does not describe is refused
+instead of silently mis-moved.
 """
 from __future__ import annotations
 

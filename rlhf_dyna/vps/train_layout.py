@@ -3,7 +3,8 @@
 Placement facts mirrored from torch 2.13: DTensor Shard(d) and FSDP2's fully_shard split with
 torch.chunk semantics (ceil-sized chunks, trailing ones short or empty); under TP, FSDP2 shards dim 0
 of the TP-local tensor (placements (_StridedShard(0, sf=tp), Shard(0)) for column-parallel weights), and
-dim 1 of row-parallel weights where it splits evenly ((_StridedShard(1, sf=tp), Shard(1))).
+dim 1 of row-parallel weights where it splits evenly ((_StridedShard(1, sf=tp), Shard(1))). Tied embeddings are
+replicated over tp (one Parameter cannot take two TP styles) and FSDP-sharded on dim 0 like a norm.
 """
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def train_entries(catalog: ModelCatalog, spec: ParallelSpec, kinds: tuple[Kind, 
             key = (t.role, t.shape, held_by, sharded)
             if key not in memo:
                 memo[key] = Geometry.from_pieces(t.shape, [
-                    p for slot, s in enumerate(held_by) for p in stage_pieces(t, grid[s], spec, sharded, slot)
+                    p for slot, s in enumerate(held_by)
+                    for p in stage_pieces(t, grid[s], spec, sharded, slot, dims.tied_embeddings)
                 ])
             yield Entry(catalog.logical(t, kind), memo[key], tuple(f"{n}:{kind.value}" for n in names))
 
@@ -89,11 +91,11 @@ def row_sharded_on_cols(cols: int, tp: int, fsdp: int) -> bool:
     return cols % tp == 0 and (cols // tp) % fsdp == 0
 
 
-def stage_pieces(t: CatalogTensor, stage: np.ndarray, spec: ParallelSpec, sharded: bool, slot: int):
+def stage_pieces(t: CatalogTensor, stage: np.ndarray, spec: ParallelSpec, sharded: bool, slot: int, tied: bool = False):
     if t.role in EXPERT:
         return expert_pieces(t, stage, spec, sharded, slot)
     splits: dict[int, Steps] = {}
-    if t.role in COLUMN or t.role in VOCAB:
+    if t.role in COLUMN or (t.role in VOCAB and not tied):  # a tied embedding stays whole over tp (train.parallelize)
         splits[0] = [("tp", chunk)]
     elif t.role in ROW:
         splits[1] = [("tp", chunk)]

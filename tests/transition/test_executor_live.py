@@ -25,16 +25,17 @@ from tests.engines._common import nll_loss, random_batch, tiny_spec
 from tests.transition.test_executor import run_ranks, sum_over_ranks
 
 
-def _trained(world: int, dp: int, tp: int) -> TrainEngine:
-    engine = TrainEngine(build_policy(tiny_spec("llama"), seed=0), build_mesh(dp, tp), lr=1e-2)
+def _trained(world: int, dp: int, tp: int, tie: bool = False) -> TrainEngine:
+    engine = TrainEngine(build_policy(tiny_spec("llama", tie), seed=0), build_mesh(dp, tp), lr=1e-2)
     engine.step(random_batch(seed=dist.get_rank() // tp, batch=2), nll_loss)
     return engine
 
 
-def _relayout_both(rank: int, world: int, src: tuple[int, int], dst: tuple[int, int], budget: int, in_place: bool) -> None:
-    reference, _ = relayout(_trained(world, *src), TrainLayout(*dst))
+def _relayout_both(rank: int, world: int, src: tuple[int, int], dst: tuple[int, int], budget: int, in_place: bool,
+                   tie: bool = False) -> None:
+    reference, _ = relayout(_trained(world, *src, tie), TrainLayout(*dst))
     recorder = TraceRecorder(rank)
-    engine = _trained(world, *src)
+    engine = _trained(world, *src, tie)
     config = engine.model.config
     old_shards = [local_of(t) for t in bind_train_state(engine).values()]
     mover = make_vps_mover(config, budget, verify=True, in_place=in_place, recorder=recorder)
@@ -73,6 +74,12 @@ def test_relayout_dp2_to_tp2_moves_params_and_adam_state():
 @pytest.mark.timeout(200)
 def test_relayout_dp4_to_dp2_tp2_in_place_moves_params_and_adam_state():
     run_ranks(_relayout_both, 4, (4, 1), (2, 2), 64 << 10, True)
+
+
+@pytest.mark.timeout(200)
+def test_relayout_tied_embeddings_dp4_to_dp2_tp2_in_place():
+    """A tied embedding is replicated over tp (not vocab-parallel) and FSDP-sharded over dp: the layout says so."""
+    run_ranks(_relayout_both, 4, (4, 1), (2, 2), 64 << 10, True, True)
 
 
 def _least_moving_order(rank: int, world: int) -> None:

@@ -17,13 +17,13 @@ from rlhf_dyna.vps.tensor import Kind
 # Odd sizes so that FSDP's chunks are uneven and some trailing shards are empty (hidden 6 over 4: 2, 2, 2, 0);
 # o_proj's 12 columns split evenly over 4 and over 2 x 2 (sharded on dim 1), down_proj's 14 do not (dim 0).
 CONFIG = dict(hidden_size=6, intermediate_size=14, num_hidden_layers=2, num_attention_heads=2,
-              num_key_value_heads=2, head_dim=6, vocab_size=38, tie_word_embeddings=False)
+              num_key_value_heads=2, head_dim=6, vocab_size=38)
 
 
-def build(dp: int, tp: int, fsdp: bool, tp_outer: bool) -> LlamaForCausalLM:
+def build(dp: int, tp: int, fsdp: bool, tp_outer: bool, tied: bool) -> LlamaForCausalLM:
     """The engine's own TP plan and FSDP2 placements (train.parallelize), fp32."""
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**CONFIG)).float()
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG, tie_word_embeddings=tied)).float()
     if tp > 1:
         ranks = torch.arange(dp * tp).reshape(tp, dp).T if tp_outer else torch.arange(dp * tp).reshape(dp, tp)
         mesh = DeviceMesh("cpu", ranks, mesh_dim_names=("dp", "tp"))
@@ -36,15 +36,15 @@ def build(dp: int, tp: int, fsdp: bool, tp_outer: bool) -> LlamaForCausalLM:
     return model
 
 
-def check(dp: int, tp: int, fsdp: bool, tp_outer: bool = False) -> int:
+def check(dp: int, tp: int, fsdp: bool, tp_outer: bool = False, tied: bool = False) -> int:
     rank = dist.get_rank()
-    model = build(dp, tp, fsdp, tp_outer)
+    model = build(dp, tp, fsdp, tp_outer, tied)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     for p in model.parameters():
         p.grad = torch.ones_like(p) * (1 + rank)
     opt.step()
     spec = ParallelSpec(dp=dp, tp=tp, zero=3 if fsdp else 0, tp_outer=tp_outer)
-    layout = build_layout(catalog_from_config(LlamaConfig(**CONFIG), param_dtype="float32"), spec)
+    layout = build_layout(catalog_from_config(LlamaConfig(**CONFIG, tie_word_embeddings=tied), param_dtype="float32"), spec)
     pieces = {(p.tensor.name, p.tensor.kind): p for p in layout.pieces(rank)}
     buffers = layout.buffers(rank)
     checked = 0
@@ -68,7 +68,8 @@ def check(dp: int, tp: int, fsdp: bool, tp_outer: bool = False) -> int:
 
 
 CASES = {"fsdp4": (4, 1, True), "fsdp2_tp2": (2, 2, True), "ddp2_tp2": (2, 2, False),
-         "fsdp2_tp2_tp_outer": (2, 2, True, True)}  # TP groups {0, 2}, {1, 3}
+         "fsdp2_tp2_tp_outer": (2, 2, True, True),  # TP groups {0, 2}, {1, 3}
+         "fsdp2_tp2_tied": (2, 2, True, False, True)}  # the tied embedding stays whole over tp
 
 
 def main() -> None:

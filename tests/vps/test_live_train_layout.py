@@ -11,8 +11,8 @@ from .spawn_ranks import run_ranks
 @pytest.mark.timeout(300)
 def test_layout_matches_fsdp2_and_dtensor_tp():
     """FSDP2 over 4 ranks (uneven and empty shards), FSDP2 x TP on (2, 2) (_StridedShard) in both rank orders,
-    TP with DP replicas."""
-    cases = ["fsdp4", "fsdp2_tp2", "ddp2_tp2", "fsdp2_tp2_tp_outer"]
+    TP with DP replicas, tied embeddings under FSDP2 x TP."""
+    cases = ["fsdp4", "fsdp2_tp2", "ddp2_tp2", "fsdp2_tp2_tp_outer", "fsdp2_tp2_tied"]
     outs = run_ranks(Path(__file__).with_name("live_train_worker.py"), 4, cases)
     for case in cases:
         assert all(f"{case}: rank" in o and " 0 pieces" not in o for o in outs), outs
