@@ -378,11 +378,13 @@ def main() -> None:
         if need > 0.9 * free:  # the machine is shared: never push it into the OOM killer
             print(f"[{size}] skipped: needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB available", flush=True)
             continue
-        ckpt = str(Path(args.ckpt or out / "ckpt") / size)
-        disk_need, disk_free = 3 * params[size] * 4, shutil.disk_usage(out).free
+        ckpt_root = Path(args.ckpt or out / "ckpt")
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        ckpt = str(ckpt_root / size)
+        disk_need, disk_free = 3 * params[size] * 4, shutil.disk_usage(ckpt_root).free  # fp32 params + 2 moments
         if "dp4_to_dp2tp2" in transitions and disk_need > 0.9 * disk_free:
             print(f"[{size}] skipped: its DCP checkpoint needs ~{disk_need / 1e9:.1f} GB, {disk_free / 1e9:.1f} GB free "
-                  f"under {out} (--ckpt puts it elsewhere)", flush=True)
+                  f"under {ckpt_root} (--ckpt puts it elsewhere)", flush=True)
             continue
         per_rank: list[dict] = []
         for transition in transitions:  # fresh ranks per transition: memory a phase leaves behind cannot add up

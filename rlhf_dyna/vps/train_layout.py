@@ -91,7 +91,7 @@ def row_sharded_on_cols(cols: int, tp: int, fsdp: int) -> bool:
     return cols % tp == 0 and (cols // tp) % fsdp == 0
 
 
-def stage_pieces(t: CatalogTensor, stage: np.ndarray, spec: ParallelSpec, sharded: bool, slot: int, tied: bool = False):
+def stage_pieces(t: CatalogTensor, stage: np.ndarray, spec: ParallelSpec, sharded: bool, slot: int, tied: bool):
     if t.role in EXPERT:
         return expert_pieces(t, stage, spec, sharded, slot)
     splits: dict[int, Steps] = {}
