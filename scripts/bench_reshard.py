@@ -42,14 +42,13 @@ from bench_report import same_fingerprint, summarize, write_report
 from rlhf_dyna.models.build import ModelSpec, make_hf_config
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.transition import baselines
-from rlhf_dyna.transition.bind_train import buffer_name, state_kinds, train_catalog, train_spec
+from rlhf_dyna.transition.bind_train import buffer_name
 from rlhf_dyna.transition.measure import PeakExtraMemory, copy_bandwidth, p2p_bandwidth
 from rlhf_dyna.transition.movers import MoveStats, local_of, move_by_full_tensors
 from rlhf_dyna.transition.relayout import (MeshCache, TrainLayout, allocate_optimizer_state, bind_train_state,
                                            empty_engine_like, meta_skeleton)
 from rlhf_dyna.transition.rollout_target import RolloutTarget
-from rlhf_dyna.transition.vps_mover import least_moving_layout, make_vps_mover
-from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
+from rlhf_dyna.transition.vps_mover import least_moving_layout, make_vps_mover, planned_relayout
 from rlhf_dyna.transition.vps_targets import move_to_rollout_target
 
 # VPS (planner + executor) moves the same state into the same target: `vps_cold` once, planning included, then `vps`
@@ -166,9 +165,7 @@ def _vps_in_place_records(transition: str, make_source: Callable[[], TrainEngine
         held["mover"] = make_vps_mover(config, in_place=True)
         if cold:  # asking which buffers are adopted would plan before the cold run
             return list(destination)
-        src = held["source"]
-        adopted, _ = planned(train_catalog(config, src), train_spec(src), train_catalog(config, destination),
-                             train_spec(destination), state_kinds(src), DEFAULT_BUDGET_BYTES, dist.get_rank()).in_place
+        adopted, _ = planned_relayout(config, held["source"], destination).in_place
         return [key for key in destination if buffer_name(key) not in adopted]
 
     return _vps_records(transition, lambda: held["mover"](held.pop("source"), destination), destination, reference,

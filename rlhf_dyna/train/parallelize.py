@@ -10,6 +10,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
+from rlhf_dyna.vps.train_layout import row_sharded_on_cols
+
 # Megatron-style pairs per decoder layer: column-parallel in, row-parallel out, one all-reduce each.
 LAYER_TP_PLAN: dict[str, ParallelStyle] = {
     "self_attn.q_proj": ColwiseParallel(),
@@ -49,14 +51,14 @@ ROW_PARALLEL = tuple(f"{name}.weight" for name, style in LAYER_TP_PLAN.items() i
 
 
 def fsdp_shard_dim(layer: nn.Module, dp: int) -> Callable[[nn.Parameter], Shard | None]:
-    """Row-parallel weights shard on dim 1 (their TP dim) where the TP-local columns split evenly over dp, so a
-    rank's shard is a column block under dp and dp x tp alike and a relayout between them keeps it in place;
-    everything else keeps FSDP2's dim 0 (vps.train_layout.row_sharded_on_cols mirrors this rule)."""
+    """Row-parallel weights shard on dim 1 (their TP dim) where the VPS train layout says so
+    (`vps.train_layout.row_sharded_on_cols`: the TP-local columns split evenly over dp), so a rank's shard is a column
+    block under dp and dp x tp alike and a relayout between them keeps it in place; everything else keeps dim 0."""
     on_cols = set()
     for name in ROW_PARALLEL:
         weight = layer.get_parameter(name)
-        cols = (weight.to_local() if isinstance(weight, DTensor) else weight).shape[1]
-        if cols % dp == 0:
+        tp = weight.device_mesh.size() if isinstance(weight, DTensor) else 1
+        if row_sharded_on_cols(weight.shape[1], tp, dp):
             on_cols.add(id(weight))
     return lambda param: Shard(1) if id(param) in on_cols else None
 

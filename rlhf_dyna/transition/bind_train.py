@@ -1,14 +1,15 @@
 """Bind a TrainEngine's live state (FSDP2 [+ DTensor TP] params, AdamW exp_avg / exp_avg_sq) to VPS train buffers.
 
 Live state is keyed (HF name, kind) as `relayout.bind_train_state` returns it, after FSDP's replicas are
-dropped, so what is bound is always the sharded state: FSDP2 shards dim 0 of the TP-local tensor over dp,
-which is the VPS layout ParallelSpec(TRAIN, dp, tp, zero=3) whatever the engine's ZeRO stage (ZeRO-1/2 only
-add replicas that the engine re-gathers). Each local shard (`DTensor.to_local()`) becomes the buffer
-"<name>:<kind>"; its shape is checked against the layout, so a model the layout does not describe is refused
-instead of silently mis-moved.
+dropped, so what is bound is always the sharded state: FSDP2 shards the TP-local tensor over dp (dim 0, or dim 1
+of row-parallel weights: train.parallelize.fsdp_shard_dim), which is the VPS layout ParallelSpec(TRAIN, dp, tp,
+zero=3) whatever the engine's ZeRO stage (ZeRO-1/2 only add replicas that the engine re-gathers). Each local shard
+(the DTensor's local tensor) becomes the buffer "<name>:<kind>"; its shape is checked against the layout, so a
+model the layout does not describe is refused instead of silently mis-moved.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import torch
@@ -46,18 +47,12 @@ def mesh_order(state: Mapping[StateKey, Tensor]) -> tuple[int, int, bool]:
                 break
     if mesh is None:
         raise ValueError("no DTensor in the live state: not an FSDP2 engine")
-    known = _MESH_ORDERS.get(id(mesh))
-    if known is not None and known[0] is mesh:
-        return known[1]
-    _MESH_ORDERS[id(mesh)] = (mesh, _order_of(mesh))
-    return _MESH_ORDERS[id(mesh)][1]
+    return _order_of(mesh)
 
 
-_MESH_ORDERS: dict[int, tuple[DeviceMesh, tuple[int, int, bool]]] = {}  # meshes live as long as their engines' MeshCache
-
-
+@functools.lru_cache(maxsize=32)  # DeviceMesh.mesh rebuilds its tensor (~2 ms a read); a mesh's hash is cached by torch
 def _order_of(mesh: DeviceMesh) -> tuple[int, int, bool]:
-    ranks = mesh.mesh.flatten().tolist()  # ~2 ms per call (DeviceMesh.mesh rebuilds the tensor): cached above
+    ranks = mesh.mesh.flatten().tolist()
     if mesh.ndim > 2 or sorted(ranks) != list(range(len(ranks))):
         raise ValueError(f"mesh {mesh.mesh_dim_names} over ranks {ranks}: VPS binding needs a (dp[, tp]) mesh over 0..N-1")
     if mesh.ndim == 1:
@@ -125,7 +120,7 @@ def release_storage(buffers: Mapping[str, Tensor]):
 
 
 def adopt_storage(destination: Tensor, source_local: Tensor) -> None:
-    """Point a destination shard (a DTensor's local tensor) at a consumed source shard's storage (transition.adopt);
+    """Point a destination shard (a DTensor's local tensor) at a consumed source shard's storage (vps.adopt);
     FSDP2 params must then be re-read by FSDP (train.engine.refresh_fsdp_shards), which keeps its own flat view."""
     shape = local_tensor(destination).shape
     local = source_local.detach() if source_local.requires_grad else source_local

@@ -6,7 +6,7 @@ Same contract as `movers.move_by_full_tensors`: collective, gets (HF name, kind)
 new engine (AdamW's `step` is relayout's to copy), fills the destination. Source and destination specs are read
 from the DTensors' meshes; the plan is cached per (model, specs, kinds, budget). Seconds are the whole call's
 wall time (planning included the first time). In place, a destination shard that is exactly a source shard of the
-same rank takes over its storage instead of a copy (`transition.adopt`), so what stays in place costs nothing;
+same rank takes over its storage instead of a copy (`vps.adopt`), so what stays in place costs nothing;
 FSDP2 must then re-read its params (relayout does: `train.engine.refresh_fsdp_shards`).
 """
 from __future__ import annotations
@@ -25,9 +25,16 @@ from rlhf_dyna.transition.executor import execute
 from rlhf_dyna.transition.movers import MoveStats, StateMover
 from rlhf_dyna.transition.relayout import TrainLayout, bind_train_state
 from rlhf_dyna.transition.trace import TraceRecorder
-from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned, ranks_per_node
+from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, PlannedTransition, planned, ranks_per_node
 from rlhf_dyna.vps.rank_order import least_moving_order
 from rlhf_dyna.vps.spec import ParallelSpec, Phase
+
+
+def planned_relayout(hf_config: object, source: Mapping[StateKey, Tensor], destination: Mapping[StateKey, Tensor],
+                     budget_bytes: int = DEFAULT_BUDGET_BYTES) -> PlannedTransition:
+    """This rank's cached plan from the live source state's layout to the destination's (same keys)."""
+    return planned(train_catalog(hf_config, source), train_spec(source), train_catalog(hf_config, destination),
+                   train_spec(destination), state_kinds(source), budget_bytes, dist.get_rank())
 
 
 def make_vps_mover(hf_config: object, budget_bytes: int = DEFAULT_BUDGET_BYTES, verify: bool = False,
@@ -40,9 +47,7 @@ def make_vps_mover(hf_config: object, budget_bytes: int = DEFAULT_BUDGET_BYTES, 
         if source.keys() != destination.keys():
             raise ValueError(f"state keys differ: {sorted(source.keys() ^ destination.keys())[:5]}")
         start, rank = time.perf_counter(), dist.get_rank()
-        kinds = state_kinds(source)
-        t = planned(train_catalog(hf_config, source), train_spec(source), train_catalog(hf_config, destination),
-                    train_spec(destination), kinds, budget_bytes, rank)
+        t = planned_relayout(hf_config, source, destination, budget_bytes)
         src = bind_train_buffers(source, t.src, rank, t.src_buffers)
         dst = bind_train_buffers(destination, t.dst, rank, t.dst_buffers)
         prepared, release = t.rank_plan, None

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import torch.distributed as dist
 
-from rlhf_dyna.transition.adopt import adoptable, without_copies
 from rlhf_dyna.transition.executor import PreparedPlan, prepare
+from rlhf_dyna.vps.adopt import adoptable
 from rlhf_dyna.vps.cache import model_key
 from rlhf_dyna.vps.layout import Layout, build_layout
 from rlhf_dyna.vps.layout_types import Buffer
@@ -40,9 +41,20 @@ class PlannedTransition:
     @cached_property
     def in_place(self) -> tuple[dict[str, str], PreparedPlan]:
         """For a consumed source: destination buffers that adopt a source buffer's storage, and the plan without
-        their copies (transition.adopt)."""
+        their copies (vps.adopt)."""
         adopted = adoptable(self.rank_plan.plan, self.src_buffers, self.dst_buffers)
         return adopted, without_copies(self.rank_plan, adopted)
+
+
+def without_copies(p: PreparedPlan, adopted: Mapping[str, str]) -> PreparedPlan:
+    """`p` minus the local copies into adopted buffers; their sources are never released (the destination holds
+    them now), though they may still be sent to other ranks."""
+    if not adopted:
+        return p
+    kept = set(adopted.values())
+    plan = replace(p.plan, copies=[t for t in p.plan.copies if t.dst_buffer not in adopted])
+    last_read = {i: [n for n in names if n not in kept] for i, names in p.last_read.items()}
+    return replace(p, plan=plan, last_read=last_read)
 
 
 _CACHE: dict[tuple, PlannedTransition] = {}

@@ -87,7 +87,7 @@ def rank_grid(spec: ParallelSpec) -> np.ndarray:
 def row_sharded_on_cols(cols: int, tp: int, fsdp: int) -> bool:
     """FSDP2 shards a row-parallel weight on dim 1 (its TP dim) when the TP-local columns split evenly over the
     FSDP group (FSDP2's Shard(1) needs even chunks): dp x tp shards are then column blocks, the same ones a pure
-    dp layout holds, so dp <-> dp x tp relayouts keep them in place (train.parallelize.fsdp_shard_dim)."""
+    dp layout holds, so dp <-> dp x tp relayouts keep them in place (train.parallelize.fsdp_shard_dim applies this rule)."""
     return cols % tp == 0 and (cols // tp) % fsdp == 0
 
 

@@ -17,11 +17,12 @@ import torch.multiprocessing as mp
 from transformers import Qwen3Config
 
 from rlhf_dyna.models.catalog import catalog_from_config
-from rlhf_dyna.transition.adopt import adoptable, without_copies
 from rlhf_dyna.transition.executor import execute, prepare
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.verify import TransitionMismatch, check_destination, source_sums
 from rlhf_dyna.transition.views import TORCH_DTYPES, dst_view
+from rlhf_dyna.transition.vps_plans import without_copies
+from rlhf_dyna.vps.adopt import adoptable
 from rlhf_dyna.vps.layout import Layout, build_layout
 from rlhf_dyna.vps.plan import build_plan
 from rlhf_dyna.vps.rank_plan import for_rank

@@ -9,6 +9,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlhf_dyna.models.catalog import catalog_from_config
+from rlhf_dyna.train.mesh import mesh_ranks
 from rlhf_dyna.train.parallelize import apply_fsdp, apply_tensor_parallel
 from rlhf_dyna.vps.layout import build_layout
 from rlhf_dyna.vps.spec import ParallelSpec
@@ -25,8 +26,7 @@ def build(dp: int, tp: int, fsdp: bool, tp_outer: bool, tied: bool) -> LlamaForC
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**CONFIG, tie_word_embeddings=tied)).float()
     if tp > 1:
-        ranks = torch.arange(dp * tp).reshape(tp, dp).T if tp_outer else torch.arange(dp * tp).reshape(dp, tp)
-        mesh = DeviceMesh("cpu", ranks, mesh_dim_names=("dp", "tp"))
+        mesh = DeviceMesh("cpu", mesh_ranks(dp, tp, tp_outer), mesh_dim_names=("dp", "tp"))
         apply_tensor_parallel(model, mesh["tp"])
         dp_mesh = mesh["dp"]
     else:
