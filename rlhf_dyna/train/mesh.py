@@ -1,5 +1,7 @@
-"""The training device mesh: (dp, tp) over the whole world, tp innermost (consecutive ranks share a TP group) or,
-where a layout change keeps more state in place that way, outermost (the same mesh transposed)."""
+"""The training device mesh: (dp, tp) over a contiguous rank set [first_rank, first_rank + dp * tp) (the whole world
+by default), tp innermost (consecutive ranks share a TP group) or, where a layout change keeps more state in place that
+way, outermost (the same mesh transposed). Every rank of the world calls build_mesh, members or not (group creation
+is collective over the world)."""
 from __future__ import annotations
 
 import os
@@ -9,31 +11,36 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 
-def build_mesh(dp: int, tp: int, tp_outer: bool = False) -> DeviceMesh:
+def build_mesh(dp: int, tp: int, tp_outer: bool = False, first_rank: int = 0) -> DeviceMesh:
     """Mesh with dims ("dp", "tp"); tp innermost so a TP group is `tp` consecutive ranks, as in vLLM, or with
-    tp_outer a dp group is `dp` consecutive ranks (rank = t * dp + d)."""
+    tp_outer a dp group is `dp` consecutive ranks (rank = first_rank + t * dp + d)."""
     world = dist.get_world_size()
-    if dp * tp != world:
-        raise ValueError(f"dp={dp} x tp={tp} = {dp * tp} != world size {world}; valid: dp = {world} // tp")
+    if first_rank < 0 or first_rank + dp * tp > world:
+        raise ValueError(f"dp={dp} x tp={tp} ranks from rank {first_rank} do not fit the world of {world} ranks; "
+                         f"valid: first_rank + dp * tp <= {world}")
     device_type = "cuda" if "nccl" in dist.get_backend() else "cpu"
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
-    if tp_outer:
-        return DeviceMesh(device_type, mesh_ranks(dp, tp, tp_outer=True), mesh_dim_names=("dp", "tp"))
+    if tp_outer or first_rank or dp * tp != world:
+        return DeviceMesh(device_type, mesh_ranks(dp, tp, tp_outer) + first_rank, mesh_dim_names=("dp", "tp"))
     return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
 
 
 def mesh_ranks(dp: int, tp: int, tp_outer: bool) -> torch.Tensor:
-    """The (dp, tp) grid of ranks: row-major, or with TP outermost rank = t * dp + d."""
+    """The (dp, tp) grid of ranks from 0: row-major, or with TP outermost rank = t * dp + d."""
     return torch.arange(dp * tp).reshape(tp, dp).T if tp_outer else torch.arange(dp * tp).reshape(dp, tp)
+
+
+def first_rank_of(mesh: DeviceMesh) -> int:
+    return int(mesh.mesh.min())
 
 
 def is_tp_outer(mesh: DeviceMesh) -> bool:
     """Whether a (dp, tp) mesh has TP outermost; any other rank arrangement than the two build_mesh makes is refused."""
     dp, tp = mesh.shape if mesh.ndim == 2 else (mesh.size(0), 1)
-    ranks = mesh.mesh.reshape(dp, tp)
+    ranks = mesh.mesh.reshape(dp, tp) - first_rank_of(mesh)
     for tp_outer in (False, True):
         if torch.equal(ranks, mesh_ranks(dp, tp, tp_outer)):
             return tp_outer
     raise ValueError(f"mesh {mesh.mesh_dim_names} over ranks {mesh.mesh.tolist()}: expected (dp, tp) in row-major or "
-                     f"TP-outer rank order over 0..{dp * tp - 1}")
+                     f"TP-outer rank order over a contiguous rank range")

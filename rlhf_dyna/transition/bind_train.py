@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from rlhf_dyna.models.catalog import catalog_from_config
-from rlhf_dyna.train.mesh import is_tp_outer
+from rlhf_dyna.train.mesh import first_rank_of, is_tp_outer
 from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.vps.layout import Layout, build_layout
 from rlhf_dyna.vps.layout_types import Buffer
@@ -35,10 +35,10 @@ def local_tensor(t: Tensor) -> Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t.detach()
 
 
-def mesh_order(state: Mapping[StateKey, Tensor]) -> tuple[int, int, bool]:
-    """(dp, tp, tp_outer) of the engine's mesh, read from the DTensors: TP'd params live on the 2-D (dp, tp) mesh,
-    the rest (and every param without TP) on the 1-D dp mesh. The mesh must cover ranks 0..world-1 in one of the
-    VPS train rank orders (tp innermost, or outermost: see train.mesh.build_mesh)."""
+def mesh_order(state: Mapping[StateKey, Tensor]) -> tuple[int, int, bool, int]:
+    """(dp, tp, tp_outer, first_rank) of the engine's mesh, read from the DTensors: TP'd params live on the 2-D (dp, tp)
+    mesh, the rest (and every param without TP) on the 1-D dp mesh. The mesh must cover a contiguous rank range in one
+    of the VPS train rank orders (tp innermost, or outermost: see train.mesh.build_mesh)."""
     mesh = None
     for t in state.values():
         if isinstance(t, DTensor) and (mesh is None or t.device_mesh.ndim > mesh.ndim):
@@ -51,18 +51,19 @@ def mesh_order(state: Mapping[StateKey, Tensor]) -> tuple[int, int, bool]:
 
 
 @functools.lru_cache(maxsize=32)  # DeviceMesh.mesh rebuilds its tensor (~2 ms a read); a mesh's hash is cached by torch
-def _order_of(mesh: DeviceMesh) -> tuple[int, int, bool]:
-    ranks = mesh.mesh.flatten().tolist()
-    if mesh.ndim > 2 or sorted(ranks) != list(range(len(ranks))):
-        raise ValueError(f"mesh {mesh.mesh_dim_names} over ranks {ranks}: VPS binding needs a (dp[, tp]) mesh over 0..N-1")
+def _order_of(mesh: DeviceMesh) -> tuple[int, int, bool, int]:
+    ranks, first = mesh.mesh.flatten().tolist(), first_rank_of(mesh)
+    if mesh.ndim > 2 or sorted(ranks) != list(range(first, first + len(ranks))):
+        raise ValueError(f"mesh {mesh.mesh_dim_names} over ranks {ranks}: VPS binding needs a (dp[, tp]) mesh over a "
+                         f"contiguous rank range")
     if mesh.ndim == 1:
-        return mesh.size(0), 1, False
-    return mesh.size(0), mesh.size(1), is_tp_outer(mesh)
+        return mesh.size(0), 1, False, first
+    return mesh.size(0), mesh.size(1), is_tp_outer(mesh), first
 
 
 def train_spec(state: Mapping[StateKey, Tensor]) -> ParallelSpec:
-    dp, tp, tp_outer = mesh_order(state)
-    return ParallelSpec(Phase.TRAIN, dp=dp, tp=tp, zero=3, tp_outer=tp_outer)
+    dp, tp, tp_outer, first_rank = mesh_order(state)
+    return ParallelSpec(Phase.TRAIN, dp=dp, tp=tp, zero=3, tp_outer=tp_outer, first_rank=first_rank)
 
 
 def state_kinds(state: Mapping[StateKey, Tensor]) -> tuple[Kind, ...]:
