@@ -20,7 +20,7 @@ CHOICES = {
     "algorithm.kl_estimator": ("k1", "k3"),
     "rollout.engine": ("vllm",),
     "rollout.sync": ("naive", "vps"),
-    "task.name": ("arithmetic", "sort_digits"),
+    "task.name": ("arithmetic", "sort_digits", "file"),
     "tracking.wandb_mode": ("offline", "online", "disabled"),
     "trainer.precision": ("fp32", "bf16"),
     "parallel.device": ("auto", "cpu", "cuda"),
