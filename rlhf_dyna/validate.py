@@ -170,3 +170,9 @@ def validate(cfg: Config, under_torchrun: bool = False) -> None:
     check_layouts(cfg)
     if not cfg.dry_run:
         check_resources(cfg, under_torchrun)
+        from .tasks.validate_data import check_data  # deferred: datasets / transformers load only for real runs
+
+        try:
+            check_data(cfg)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
