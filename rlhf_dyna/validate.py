@@ -20,7 +20,7 @@ CHOICES = {
     "algorithm.kl_estimator": ("k1", "k3"),
     "rollout.engine": ("vllm",),
     "rollout.sync": ("naive", "vps"),
-    "task.name": ("arithmetic", "sort_digits"),
+    "task.name": ("arithmetic", "sort_digits", "file"),
     "tracking.wandb_mode": ("offline", "online", "disabled"),
     "trainer.precision": ("fp32", "bf16"),
     "parallel.device": ("auto", "cpu", "cuda"),
@@ -263,3 +263,9 @@ def validate(cfg: Config, under_torchrun: bool = False) -> None:
     if not cfg.dry_run:
         check_resources(cfg, under_torchrun)
         check_runs_live(cfg)
+        from .tasks.validate_data import check_data  # deferred: datasets / transformers load only for real runs
+
+        try:
+            check_data(cfg)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err

@@ -10,7 +10,8 @@ import torch.distributed as dist
 
 from ..config import Config, ModelConfig
 from ..models.build import ModelSpec, build_critic, build_policy, make_hf_config, save_hf_dir
-from ..tasks.base import Task, make_task
+from ..tasks.base import BaseTask, make_task
+from ..tasks.file_task import make_file_task
 from ..tasks.tokenizer import CharTokenizer
 from ..train.engine import TrainEngine, full_state_dict
 from ..train.mesh import build_mesh
@@ -50,8 +51,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_task(cfg: Config) -> Task:
+def build_task(cfg: Config, tokenizer=None) -> BaseTask:
     t = cfg.task
+    if t.name == "file":  # the checkpoint's tokenizer measures prompts for task.max_prompt_tokens
+        return make_file_task(t, cfg.trainer.seed, tokenizer)
     return make_task(
         t.name, seed=cfg.trainer.seed, eval_size=t.eval_size, partial_credit=t.partial_credit,
         min_digits=t.min_digits, max_digits=t.max_digits,
