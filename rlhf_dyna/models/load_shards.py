@@ -39,7 +39,6 @@ class SafetensorsCheckpoint:
     path: Path
     file_of: dict[str, str] = field(default_factory=dict)  # tensor name -> file name inside `path`
     bytes_read: int = 0  # sum of the slices read so far, as stored on disk (before any dtype cast)
-    _handles: dict[str, object] = field(default_factory=dict, repr=False)
 
     @classmethod
     def open(cls, path: str | Path) -> SafetensorsCheckpoint:
@@ -57,20 +56,20 @@ class SafetensorsCheckpoint:
     def __contains__(self, name: str) -> bool:
         return name in self.file_of
 
-    def _handle(self, name: str):
-        file = self.file_of[name]
-        if file not in self._handles:
-            self._handles[file] = safe_open(str(self.path / file), framework="pt")
-        return self._handles[file]
+    def _open(self, name: str):
+        # opened per tensor: safe_open maps the file, and pages a slice touched stay resident until it is unmapped
+        return safe_open(str(self.path / self.file_of[name]), framework="pt")
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._handle(name).get_slice(name).get_shape())
+        with self._open(name) as f:
+            return tuple(f.get_slice(name).get_shape())
 
     def read_box(self, name: str, shape: tuple[int, ...], offset: tuple[int, ...]) -> Tensor:
         """The box [offset, offset + shape) of tensor `name`, read from disk alone (nothing outside it)."""
-        part = self._handle(name).get_slice(name)
         index = tuple(slice(o, o + s) for o, s in zip(offset, shape))
-        box = part[index] if index else part[:]
+        with self._open(name) as f:
+            part = f.get_slice(name)
+            box = (part[index] if index else part[:]).clone()  # own memory, not a view of the mapping
         self.bytes_read += box.numel() * box.element_size()
         return box
 
