@@ -148,6 +148,13 @@ class TrainerConfig:
     sft_warmup_steps: int = 0  # supervised warm-up on task demonstrations before RL
     sft_lr: float = 3e-3
     sft_batch_size: int = 64
+    # checkpoints (orchestrator/resume.py): <run dir>/checkpoints/step_<N>/, policy export to <run dir>/policy/
+    save_every: int = 0  # 0 = off
+    save_last: bool = True  # checkpoint at the end of the run
+    keep_checkpoints: int = 2  # newest complete ones kept; 0 = all
+    resume: Optional[str] = None  # auto (latest under the run dir) | PATH (step_<N>/, checkpoints/ or a run dir)
+    export_policy: bool = True  # HF dir of the policy at every save and at the end
+    export_max_shard_bytes: int = 2 * 2**30  # bound of one exported safetensors file
 
 
 @dataclass

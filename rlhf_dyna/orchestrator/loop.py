@@ -26,6 +26,7 @@ from ..transition.vps_mover import least_moving_layout, make_vps_mover
 from .batch import Sample, gather_samples, pack, rank_rows, split_rows
 from .objectives import actor_loss, critic_loss
 from .phases import evaluate, generate, reward_part_means, supervised_warmup
+from .resume import checkpoint_and_export, export_policy, restore_run, resumed_switch, save_due
 from .setup import (
     RankContext, build_actor, build_critic_engine, build_reference, build_task, model_source, rank_context,
     seed_everything, write_initial_checkpoint,
@@ -130,20 +131,26 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
         tracker = Tracker(out_dir, asdict(cfg.tracking), cfg.tracking.console, cfg.trainer.total_steps, run_config)
     try:
         warmup = {}
-        if cfg.trainer.sft_warmup_steps > 0:  # so the warm-up's share of the final accuracy is on record
+        resume_from = Path(cfg.trainer.resume) if cfg.trainer.resume else None  # [ckpt] resolved before spawn (job.py)
+        if cfg.trainer.sft_warmup_steps > 0 and resume_from is None:  # so the warm-up's share of the final accuracy is on record
             warmup = {**evaluate(cfg, rollout, task, tokenizer, ctx, prefix="pre_warmup"),
                       **supervised_warmup(cfg, actor, task, tokenizer, ctx)}
         ref = build_reference(cfg, source, actor) if cfg.algorithm.kl_coef > 0 else None
         critic = build_critic_engine(cfg, source, actor) if cfg.algorithm.name == "ppo" else None
-        sync.sync(actor, rollout)
-        metrics = {**warmup, **evaluate(cfg, rollout, task, tokenizer, ctx)}
-        if tracker:
-            tracker.log(0, metrics)
         rng = random.Random(cfg.trainer.seed + 1)
         schedule = layout_schedule(cfg)
-        for step in range(1, cfg.trainer.total_steps + 1):
+        start = 0
+        if resume_from is not None:  # [ckpt] DCP reshards into this run's layout; the schedule's is reached below
+            state = restore_run(resume_from, {"actor": actor, "critic": critic, "reference": ref}, task)
+            start, rng = state.step, state.loop_rng
+        sync.sync(actor, rollout)  # vLLM generates with the (resumed) actor's weights
+        if start == 0:
+            metrics = {**warmup, **evaluate(cfg, rollout, task, tokenizer, ctx)}
+            if tracker:
+                tracker.log(0, metrics)
+        for step in range(start + 1, cfg.trainer.total_steps + 1):
             switch = {}
-            layout = switch_at(schedule, step)
+            layout = switch_at(schedule, step) if step > start + 1 or start == 0 else resumed_switch(schedule, start)
             if layout is not None:
                 ctx, (actor, critic, ref), switch = change_layout(ctx, layout, actor, critic, ref, recorder=recorder)
             metrics = {**switch, **rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync,
@@ -152,6 +159,10 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
                 metrics.update(evaluate(cfg, rollout, task, tokenizer, ctx))
             if tracker:
                 tracker.log(step, metrics)
+            checkpoint_and_export(cfg, out_dir, step, {"actor": actor, "critic": critic, "reference": ref}, rng, task,
+                                  {"dp": ctx.dp, "tp": ctx.tp, "zero": actor.zero}, model_dir)  # [ckpt]
+        if cfg.trainer.export_policy and not save_due(cfg.trainer, cfg.trainer.total_steps):  # [ckpt] export at the end
+            export_policy(cfg.trainer, actor, model_dir, out_dir)
         if recorder is not None:  # collective, so not in `finally`: after one rank fails the others would wait forever
             events = gather_trace(recorder)
             if ctx.rank == 0:
