@@ -30,8 +30,13 @@ def rollout_spec(cfg: Config) -> ParallelSpec:
 
 
 def recipe_transitions(cfg: Config) -> list[Transition]:
-    """Each step moves the trained weights into vLLM's layout; the training copy stays in place."""
-    return [Transition("train_to_rollout", train_spec(cfg), rollout_spec(cfg))]
+    """Each step moves the trained weights into vLLM's layout (across rank sets under split), then every
+    role-state move the placement implies (reshard/<role>/<from_phase>_to_<to_phase>)."""
+    if cfg.placement.policy == "colocate":
+        return [Transition("train_to_rollout", train_spec(cfg), rollout_spec(cfg))]
+    from .placements import placement_transitions
+
+    return placement_transitions(cfg)
 
 
 def cluster_of(cfg: Config) -> Cluster:

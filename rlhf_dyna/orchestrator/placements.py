@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..config import Config
-from ..elastic.placement import ACTOR, CRITIC, REFERENCE, ROLES, ROLLOUT, Placement, RankSet
+from ..elastic.placement import ACTOR, CRITIC, REFERENCE, ROLES, ROLLOUT, Placement, RankSet, changes, weight_sync
 from ..elastic.policies import PolicyRequest, TrainLayout, make_placement
 from ..elastic.validate import PlacementError
 from ..validate import ConfigError
@@ -63,3 +63,13 @@ def check_placement_config(cfg: Config) -> Placement:
             f"their predicted times); live runs execute placement={'/'.join(LIVE_POLICIES)} today, where every role "
             "sits on every rank. Drop the placement override to run.")
     return placement
+
+
+def placement_transitions(cfg: Config) -> list:
+    """The weight sync and each VPS-planned role move of one step under `cfg.placement` (for the dry run)."""
+    from ..vps.dryrun import Transition
+
+    placement = placement_of(cfg)
+    sync = weight_sync(placement)
+    moves = [Transition(c.name, c.src.spec, c.dst.spec) for c in changes(placement) if c.is_vps]
+    return [Transition(sync.name, sync.src, sync.dst), *moves]
