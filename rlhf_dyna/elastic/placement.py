@@ -96,8 +96,12 @@ class Placement:
         return out
 
     def key(self) -> str:
-        """Stable name of this placement (world builder cache key, trace labels)."""
-        return f"{self.policy}/w{self.world_size}"
+        """Stable name of this placement (world builder key, trace labels): policy and each role's sets."""
+        sets = []
+        for role in self.roles:
+            seen = dict.fromkeys(self.slot(ph, role).describe() for ph in self.phases)
+            sets.append(f"{role}={'|'.join(seen)}")
+        return f"{self.policy}/w{self.world_size}/" + ",".join(sets)
 
 
 @dataclass(frozen=True)
