@@ -141,6 +141,18 @@ class TrackingConfig:
 
 
 @dataclass
+class PlacementConfig:
+    """Which ranks serve which role in which phase (rlhf_dyna.elastic). Sets are [first_rank, size]."""
+
+    policy: str = "colocate"  # colocate | split | lend
+    max_staleness: int = 0  # split: steps generation may run ahead of training (0 = on-policy, 1 = overlap)
+    rollout_ranks: int = 0  # split: ranks that generate; 0 = half the world
+    train_ranks: int = 0  # split: ranks that train (0 = the rest); lend: the actor's share (0 = half)
+    roles: dict[str, list[int]] = field(default_factory=dict)  # explicit sets: +placement.roles.rollout=[0,2]
+    rebalance: bool = False  # move devices between generation and training from measured phase times
+
+
+@dataclass
 class TrainerConfig:
     total_steps: int = 20
     seed: int = 0
@@ -167,6 +179,7 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
     recipe: str = "grpo_tiny"  # name of the recipe, set by each recipe file
     dry_run: bool = False  # plan every transition of the recipe, without devices
 

@@ -260,6 +260,9 @@ def validate(cfg: Config, under_torchrun: bool = False) -> None:
     check_choices(cfg)
     check_values(cfg)
     check_layouts(cfg)
+    from .orchestrator.placements import check_placement_config  # here: it imports ConfigError from this module
+
+    check_placement_config(cfg)
     if not cfg.dry_run:
         check_resources(cfg, under_torchrun)
         check_runs_live(cfg)

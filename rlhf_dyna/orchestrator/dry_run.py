@@ -19,9 +19,14 @@ from .setup import model_source
 
 
 def recipe_transitions(cfg: Config) -> list[Transition]:
-    """Each step moves the trained weights into vLLM's layout; the training copy stays in place. The specs come
-    from parallel_dims, the mapping the live binding uses too."""
-    return [Transition("train_to_rollout", *ParallelDims.from_config(cfg).train_to_rollout())]
+    """Each step moves the trained weights into vLLM's layout (across rank sets under split), then every
+    role-state move the placement implies (reshard/<role>/<from_phase>_to_<to_phase>). The specs come from
+    parallel_dims, the mapping the live binding uses too."""
+    if cfg.placement.policy == "colocate":
+        return [Transition("train_to_rollout", *ParallelDims.from_config(cfg).train_to_rollout())]
+    from .placements import placement_transitions
+
+    return placement_transitions(cfg)
 
 
 def cluster_of(cfg: Config) -> Cluster:
