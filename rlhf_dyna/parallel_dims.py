@@ -1,8 +1,8 @@
 """The one mapping from the config's parallel dimensions to VPS specs, shared by the dry run and the live run.
 
-`ParallelDims.from_config` validates every dimension once (dp fills the world when -1); the spec constructors below
-are the only places that build a training or rollout `ParallelSpec` from sizes, so the dry run plans exactly the
-layouts the live engines bind (transition/bind_train, transition/bind_vllm).
+`ParallelDims.from_config` validates every dimension once (dp fills the world when -1). The spec constructors
+(vps.spec.train_spec / rollout_spec) are the only places that build a training or rollout `ParallelSpec` from sizes:
+the dry run, the placements (elastic/) and the live binding (transition/bind_train, bind_vllm) all call them.
 """
 from __future__ import annotations
 
@@ -10,21 +10,7 @@ from dataclasses import dataclass
 
 from .config import Config
 from .validate import resolve_dp
-from .vps.spec import ParallelSpec, Phase
-
-
-def train_spec(dp: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, master_weights: bool = False,
-               tp_outer: bool = False, first_rank: int = 0) -> ParallelSpec:
-    """The training state's layout between steps. zero=3 at every ZeRO stage: FSDP2's sharded parameter (the master shard
-    AdamW updates) and the optimizer state stay sharded; zero 1/2 only add gathered replicas, rebuilt after each step and
-    never moved (train.parallelize.apply_fsdp)."""
-    return ParallelSpec(Phase.TRAIN, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=3, master_weights=master_weights,
-                        tp_outer=tp_outer, first_rank=first_rank)
-
-
-def rollout_spec(tp: int, replicas: int, first_rank: int = 0) -> ParallelSpec:
-    """vLLM's layout: one engine with data_parallel_size=replicas, each replica a TP group of `tp` consecutive ranks."""
-    return ParallelSpec(Phase.ROLLOUT, tp=tp, vllm_dp=replicas, first_rank=first_rank)
+from .vps.spec import ParallelSpec, rollout_spec, train_spec
 
 
 @dataclass(frozen=True)
