@@ -33,7 +33,14 @@ class HFTokenizer:
         from transformers import AutoTokenizer  # heavy import, only for real checkpoints
 
         self.model_dir = str(model_dir)
-        self.hf = AutoTokenizer.from_pretrained(self.model_dir)
+        try:
+            self.hf = AutoTokenizer.from_pretrained(self.model_dir)
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(
+                f"model.path={self.model_dir} has no tokenizer that transformers can load ({type(err).__name__}: "
+                f"{str(err)[:300]}); a checkpoint directory needs its tokenizer files (tokenizer.json and "
+                "tokenizer_config.json, as save_pretrained writes them) next to config.json."
+            ) from err
         eos = self.hf.eos_token_id
         stops = ([eos] if eos is not None else []) + generation_eos_ids(model_dir)
         if not stops:

@@ -29,6 +29,8 @@ def check_files(key: str, files: list[str], required: bool) -> None:
     if missing:
         raise ValueError(f"{key}: {len(missing)} file(s) do not exist: {', '.join(missing)} (relative paths are "
                          f"read from the working directory {Path.cwd()}); give existing {', '.join(FORMATS)} files.")
+    if not files:
+        return
     try:
         data_format(files)
     except ValueError as err:

@@ -46,3 +46,9 @@ def test_toy_runs_keep_the_character_tokenizer():
     assert tok.encode_prompt("12+34=") == tok.encode("12+34=", add_bos=True)
     with pytest.raises(ValueError, match="chat messages need model.path"):
         tok.encode_prompt([{"role": "user", "content": "hi"}])
+
+
+def test_a_checkpoint_without_tokenizer_files_is_a_clear_error(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(ValueError, match="has no tokenizer that transformers can load"):
+        HFTokenizer(tmp_path)
