@@ -71,5 +71,5 @@ def test_help_lists_groups_and_recipes(tmp_path):
     assert proc.returncode == 0
     for group in ("model:", "parallel:", "algorithm:", "rollout:", "task:", "tracking:", "recipe:"):
         assert group in proc.stdout
-    for recipe in ("grpo_tiny", "ppo_tiny", "grpo_7b", "grpo_70b", "ppo_235b_moe"):
+    for recipe in ("grpo_tiny", "ppo_tiny", "grpo_file", "grpo_7b", "grpo_70b", "ppo_235b_moe"):
         assert recipe in proc.stdout
