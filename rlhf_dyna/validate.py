@@ -214,6 +214,18 @@ def check_batch_split(cfg: Config) -> None:
             )
 
 
+def check_lengths(cfg: Config) -> None:
+    """Prompt + completion must fit vLLM's max_model_len (model.max_position_embeddings)."""
+    r = cfg.rollout
+    t, limit = cfg.task, cfg.model.max_position_embeddings
+    if t.name == "file" and t.max_prompt_tokens > 0 and t.max_prompt_tokens + r.max_new_tokens > limit:
+        raise ConfigError(
+            f"task.max_prompt_tokens + rollout.max_new_tokens = {t.max_prompt_tokens} + {r.max_new_tokens} exceeds "
+            f"model.max_position_embeddings={limit} (vLLM's max_model_len); raise model.max_position_embeddings to at "
+            f"least {t.max_prompt_tokens + r.max_new_tokens} (within the checkpoint's) or lower the other two."
+        )
+
+
 def cuda_device_count() -> int:
     try:
         import torch
@@ -272,3 +284,4 @@ def validate(cfg: Config, under_torchrun: bool = False) -> None:
             check_data(cfg)
         except ValueError as err:
             raise ConfigError(str(err)) from err
+        check_lengths(cfg)

@@ -46,6 +46,9 @@ CASES = [
     ("no_chat_template", lambda s: [f"model.path={s['no_template']}", f"task.train_files=[{s['data']}]"],
      "holds chat messages but the tokenizer of model.path="),
     ("no_model_path", lambda s: [f"task.train_files=[{s['data']}]"], "task=file needs model.path=DIR"),
+    ("too_long", lambda s: [f"model.path={s['ckpt']}", f"task.train_files=[{s['data']}]", "task.max_prompt_tokens=256",
+                            "model.max_position_embeddings=128"],
+     "task.max_prompt_tokens + rollout.max_new_tokens = 256 + 6 exceeds model.max_position_embeddings=128"),
 ]
 
 
