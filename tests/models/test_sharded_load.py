@@ -89,3 +89,11 @@ def test_two_ranks_dp_and_tp_with_critic(checkpoints):
 
 def test_four_ranks_tied_bf16_multi_file_dp_x_tp(checkpoints):
     run_ranks(_check_layouts, 4, checkpoints["multi"], [(2, 2), (4, 1)], False)
+
+
+def test_vllm_opens_model_path_itself(tmp_path):
+    """With a checkpoint, the directory vLLM opens is model.path: no gather (no actor needed), nothing written."""
+    from rlhf_dyna.orchestrator.setup import write_initial_checkpoint
+
+    model_dir = write_initial_checkpoint(str(tmp_path / "ckpt"), None, None, tmp_path / "out", 0, 0)
+    assert model_dir == tmp_path / "ckpt" and not (tmp_path / "out").exists()
