@@ -25,14 +25,14 @@ def _batch(vocab: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "response_mask": response}
 
 
-def _cfg(dp: int, tp: int) -> Config:
+def _cfg(dp: int, tp: int, zero: int) -> Config:
     cfg = Config()
-    cfg.parallel.train.dp, cfg.parallel.train.tp = dp, tp
+    cfg.parallel.train.dp, cfg.parallel.train.tp, cfg.parallel.train.zero = dp, tp, zero
     cfg.algorithm.lr = 1e-2
     return cfg
 
 
-def _check_layouts(rank: int, world: int, ckpt_dir: str, layouts: list[tuple[int, int]], with_critic: bool,
+def _check_layouts(rank: int, world: int, ckpt_dir: str, layouts: list[tuple[int, int, int]], with_critic: bool,
                    stored_dtype: torch.dtype) -> None:
     hf = AutoModelForCausalLM.from_pretrained(ckpt_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
     expected = hf.state_dict()
@@ -41,8 +41,8 @@ def _check_layouts(rank: int, world: int, ckpt_dir: str, layouts: list[tuple[int
         mask = batch["attention_mask"]
         want_logp = token_logprobs(hf(input_ids=batch["input_ids"], attention_mask=mask,
                                       position_ids=position_ids_from_mask(mask)).logits, batch["input_ids"])
-    for dp, tp in layouts:
-        cfg = _cfg(dp, tp)
+    for dp, tp, zero in layouts:
+        cfg = _cfg(dp, tp, zero)
         actor = build_actor(cfg, ckpt_dir, RankContext(rank=rank, world=world, dp=dp, tp=tp, rollout_tp=1))
         got = dict(full_state_dict(actor))
         assert sorted(got) == sorted(expected), (sorted(set(got) ^ set(expected)))
@@ -87,11 +87,11 @@ def checkpoints(tmp_path_factory):
 
 
 def test_two_ranks_dp_and_tp_with_critic(checkpoints):
-    run_ranks(_check_layouts, 2, checkpoints["single"], [(2, 1), (1, 2)], True, torch.float32)
+    run_ranks(_check_layouts, 2, checkpoints["single"], [(2, 1, 3), (1, 2, 3), (2, 1, 2)], True, torch.float32)
 
 
 def test_four_ranks_tied_bf16_multi_file_dp_x_tp(checkpoints):
-    run_ranks(_check_layouts, 4, checkpoints["multi"], [(2, 2), (4, 1)], False, torch.bfloat16)
+    run_ranks(_check_layouts, 4, checkpoints["multi"], [(2, 2, 3), (4, 1, 3)], False, torch.bfloat16)
 
 
 def test_vllm_opens_model_path_itself(tmp_path):
@@ -100,3 +100,13 @@ def test_vllm_opens_model_path_itself(tmp_path):
 
     model_dir = write_initial_checkpoint(str(tmp_path / "ckpt"), None, None, tmp_path / "out", 0, 0)
     assert model_dir == tmp_path / "ckpt" and not (tmp_path / "out").exists()
+
+
+def test_checkpoint_without_safetensors_is_refused_before_spawn(tmp_path):
+    from rlhf_dyna.validate import ConfigError, check_resources
+
+    (tmp_path / "config.json").write_text("{}")
+    cfg = Config()
+    cfg.model.path = str(tmp_path)
+    with pytest.raises(ConfigError, match="has no safetensors weights"):
+        check_resources(cfg, under_torchrun=False)
