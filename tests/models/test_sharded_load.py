@@ -83,7 +83,8 @@ def checkpoints(tmp_path_factory):
     multi = root / "multi"  # several files + model.safetensors.index.json, as real checkpoints ship
     AutoModelForCausalLM.from_pretrained(tied).save_pretrained(multi, max_shard_size="150KB")
     assert (multi / "model.safetensors.index.json").exists() and len(list(multi.glob("*.safetensors"))) >= 2
-    return {"single": str(single), "tied": str(tied), "multi": str(multi)}
+    qwen2 = make_tiny_checkpoint(root / "qwen2", arch="qwen2", seed=3)  # q/k/v biases: column-parallel shards too
+    return {"single": str(single), "tied": str(tied), "multi": str(multi), "qwen2": str(qwen2)}
 
 
 def test_two_ranks_dp_and_tp_with_critic(checkpoints):
@@ -92,6 +93,10 @@ def test_two_ranks_dp_and_tp_with_critic(checkpoints):
 
 def test_four_ranks_tied_bf16_multi_file_dp_x_tp(checkpoints):
     run_ranks(_check_layouts, 4, checkpoints["multi"], [(2, 2, 3), (4, 1, 3)], False, torch.bfloat16)
+
+
+def test_two_ranks_qwen2_biases_tp(checkpoints):
+    run_ranks(_check_layouts, 2, checkpoints["qwen2"], [(1, 2, 3)], False, torch.float32)
 
 
 def test_vllm_opens_model_path_itself(tmp_path):
