@@ -256,6 +256,9 @@ def check_resources(cfg: Config, under_torchrun: bool) -> None:
         path = Path(cfg.model.path)
         if not (path / "config.json").is_file():
             missing.append(f"model.path={cfg.model.path} is not a local HF checkpoint directory (no config.json)")
+        elif not any((path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+            missing.append(f"model.path={cfg.model.path} has no safetensors weights (model.safetensors or "
+                           f"model.safetensors.index.json); ranks load their shards from those")
     if under_torchrun:
         env_world = int(os.environ.get("WORLD_SIZE", "0"))
         if env_world != world:

@@ -8,7 +8,7 @@ group and mesh): /proc/self/clear_refs "5" resets VmHWM, VmHWM is read after the
 (its fp32 shard + the largest single fp32 tensor) x 1.2. Loaded shards are checked to equal the full model's
 corresponding local shards exactly. The checkpoint is made once and cached under --ckpt (deleted with --cleanup).
 
-    python scripts/bench_load.py [--ckpt /tmp/rlhf_dyna_bench_load] [--tp 1] [--cleanup]
+    python scripts/bench_load.py [--ckpt /tmp/rlhf_dyna_bench_load] [--tp 1,2] [--cleanup]
 """
 from __future__ import annotations
 
@@ -112,12 +112,14 @@ def _free_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt", default="/tmp/rlhf_dyna_bench_load", help="where the checkpoint is made and cached")
-    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of the training mesh (dp = 4 / tp)")
+    parser.add_argument("--tp", default="1,2", help="comma-separated tensor parallel sizes, one run each (dp = 4 / tp)")
     parser.add_argument("--out", default="docs/bench/bench_load.json")
     parser.add_argument("--cleanup", action="store_true", help="delete --ckpt at the end")
     args = parser.parse_args()
-    if WORLD % args.tp or MODEL["num_key_value_heads"] % args.tp:
-        parser.error(f"--tp={args.tp} must divide the {WORLD} ranks and the {MODEL['num_key_value_heads']} kv heads")
+    tps = [int(t) for t in args.tp.split(",")]
+    for tp in tps:
+        if WORLD % tp or MODEL["num_key_value_heads"] % tp:
+            parser.error(f"--tp={tp} must divide the {WORLD} ranks and the {MODEL['num_key_value_heads']} kv heads")
     ckpt = make_checkpoint(Path(args.ckpt))
     from rlhf_dyna.models.load_shards import SafetensorsCheckpoint
 
@@ -125,30 +127,34 @@ def main() -> None:
     params = sum(torch.Size(stored.shape(name)).numel() for name in stored.file_of)
     result = Path(args.ckpt) / "result.json"
     multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "transformers", "rlhf_dyna.models.meta_init"])
-    mp.start_processes(rank_main, args=(WORLD, _free_port(), str(ckpt), args.tp, str(result)), nprocs=WORLD, join=True,
-                       start_method="forkserver")
-    rows = json.loads(result.read_text())
-    result.unlink()
     files = sorted(p.name for p in ckpt.glob("*.safetensors"))
     print(f"checkpoint {ckpt}: Llama, {params / 1e6:.0f}M parameters, bf16, {len(files)} safetensors files; "
-          f"{WORLD} gloo ranks, dp={WORLD // args.tp} x tp={args.tp}, fp32 master weights")
+          f"{WORLD} gloo ranks, fp32 master weights")
     print("peak RSS increase during the load over the rank's RSS just before it (after imports, process group, mesh)")
-    print(f"{'rank':>4} {'shard MiB':>10} {'largest MiB':>12} {'bound MiB':>10} {'per-shard MiB':>14} {'ratio':>6} "
-          f"{'full-model MiB':>15} {'full/bound':>10}")
-    for r in rows:
-        print(f"{r['rank']:>4} {r['shard_mib']:>10.1f} {r['largest_tensor_mib']:>12.1f} {r['bound_mib']:>10.1f} "
-              f"{r['per_shard_peak_mib']:>14.1f} {r['per_shard_peak_mib'] / r['bound_mib']:>6.2f} "
-              f"{r['full_model_peak_mib']:>15.1f} {r['full_model_peak_mib'] / r['bound_mib']:>10.2f}")
-    within = all(r["per_shard_peak_mib"] <= r["bound_mib"] for r in rows)
-    exact = all(not r["mismatched_tensors"] for r in rows)
+    layouts = []
+    for tp in tps:
+        mp.start_processes(rank_main, args=(WORLD, _free_port(), str(ckpt), tp, str(result)), nprocs=WORLD, join=True,
+                           start_method="forkserver")
+        rows = json.loads(result.read_text())
+        result.unlink()
+        print(f"dp={WORLD // tp} x tp={tp}")
+        print(f"{'rank':>4} {'shard MiB':>10} {'largest MiB':>12} {'bound MiB':>10} {'per-shard MiB':>14} {'ratio':>6} "
+              f"{'full-model MiB':>15} {'full/bound':>10}")
+        for r in rows:
+            print(f"{r['rank']:>4} {r['shard_mib']:>10.1f} {r['largest_tensor_mib']:>12.1f} {r['bound_mib']:>10.1f} "
+                  f"{r['per_shard_peak_mib']:>14.1f} {r['per_shard_peak_mib'] / r['bound_mib']:>6.2f} "
+                  f"{r['full_model_peak_mib']:>15.1f} {r['full_model_peak_mib'] / r['bound_mib']:>10.2f}")
+        layouts.append(dict(dp=WORLD // tp, tp=tp, ranks=rows))
+    within = all(r["per_shard_peak_mib"] <= r["bound_mib"] for lay in layouts for r in lay["ranks"])
+    exact = all(not r["mismatched_tensors"] for lay in layouts for r in lay["ranks"])
     print(f"per-shard peak within bound on every rank: {within}; loaded shards equal the full model's exactly: {exact}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(
         date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), machine="2-vCPU build VM, 4 gloo ranks (CPU)",
-        model=dict(MODEL, parameters=params, dtype="bf16", files=files), world=WORLD, tp=args.tp,
+        model=dict(MODEL, parameters=params, dtype="bf16", files=files), world=WORLD,
         measure="peak RSS increase (VmHWM after resetting it via /proc/self/clear_refs) over the RSS just before the load",
-        bound="1.2 x (rank's fp32 shard + largest fp32 tensor)", within_bound=within, exact=exact, ranks=rows), indent=1) + "\n")
+        bound="1.2 x (rank's fp32 shard + largest fp32 tensor)", within_bound=within, exact=exact, layouts=layouts), indent=1) + "\n")
     print(f"wrote {out}")
     if args.cleanup:
         shutil.rmtree(args.ckpt)
