@@ -1,5 +1,5 @@
 """DCP checkpoints of a training engine reshard on load: a 2-rank (dp2) actor with Adam state, loaded on 4 ranks in
-dp2 x tp2 and in dp4, holds exactly the saved parameters and exp_avg / exp_avg_sq / step (gathered, compared
+dp2 x tp2 and in dp4 ZeRO-1, holds exactly the saved parameters and exp_avg / exp_avg_sq / step (gathered, compared
 bitwise), and its next optimizer step equals the next step of the 2-rank engine. Real gloo ranks, real FSDP2 + TP."""
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from tests.engines._dist import run_ranks
 BATCH = 8  # rows of the global batch; each dp rank trains its slice
 
 
-def engine(dp: int, tp: int, seed: int) -> TrainEngine:
-    return TrainEngine(build_policy(tiny_spec(), seed=seed), build_mesh(dp, tp), lr=1e-2, micro_batch_size=2)
+def engine(dp: int, tp: int, seed: int, zero: int = 3) -> TrainEngine:
+    return TrainEngine(build_policy(tiny_spec(), seed=seed), build_mesh(dp, tp), lr=1e-2, micro_batch_size=2, zero=zero)
 
 
 def dp_slice(batch: dict, e: TrainEngine) -> dict:
@@ -43,8 +43,8 @@ def save_on_two(rank: int, world: int, out: Path) -> None:
         torch.save({"saved": saved, "after": after}, out / "expected.pt")
 
 
-def load_on_four(rank: int, world: int, out: Path, dp: int, tp: int) -> None:
-    e = engine(dp, tp, seed=123)  # other initial weights: everything must come from the checkpoint
+def load_on_four(rank: int, world: int, out: Path, dp: int, tp: int, zero: int) -> None:
+    e = engine(dp, tp, seed=123, zero=zero)  # other initial weights: everything must come from the checkpoint
     e.step(dp_slice(random_batch(99, batch=BATCH), e), nll_loss)  # and other Adam moments and step counts
     load_engines({"actor": e}, out / "ckpt")
     loaded = snapshot(e)
@@ -66,6 +66,6 @@ def two_rank_checkpoint(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("dp,tp", [(2, 2), (4, 1)])
-def test_two_rank_checkpoint_loads_on_four_ranks_with_its_optimizer_state(two_rank_checkpoint, dp, tp):
-    run_ranks(load_on_four, 4, two_rank_checkpoint, dp, tp)
+@pytest.mark.parametrize("dp,tp,zero", [(2, 2, 3), (4, 1, 1)])
+def test_two_rank_checkpoint_loads_on_four_ranks_with_its_optimizer_state(two_rank_checkpoint, dp, tp, zero):
+    run_ranks(load_on_four, 4, two_rank_checkpoint, dp, tp, zero)
