@@ -6,7 +6,7 @@ before any rank is spawned.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -112,13 +112,21 @@ class RolloutConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = "arithmetic"  # arithmetic | sort_digits
+    name: str = "arithmetic"  # arithmetic | sort_digits | file
     min_digits: int = 1
     max_digits: int = 2
     partial_credit: bool = False
     prompts_per_step: int = 16  # global, over all rollout replicas
     eval_size: int = 128
     eval_every: int = 5
+    # task=file (rlhf_dyna/tasks/file_task.py): local jsonl / json / parquet through HF datasets
+    train_files: list[str] = field(default_factory=list)
+    eval_files: list[str] = field(default_factory=list)
+    prompt_key: str = "prompt"  # column: a string or a list of {role, content} messages
+    answer_key: str = "answer"  # column: the ground truth handed to the rewards
+    max_prompt_tokens: int = 0  # longer prompts are dropped (count printed); 0 = keep all
+    reward: Any = "math"  # math | exact | module:function, or a list of them
+    reward_weights: list[float] = field(default_factory=list)  # one per reward; empty = 1.0 each
 
 
 @dataclass
@@ -129,6 +137,19 @@ class TrackingConfig:
     console: bool = True
     transition_trace: bool = True  # write transition_trace.json: Chrome trace (Perfetto) of each transition's rounds
     trace_syncs: int = 10  # bounds its size: only the first N train_to_rollout syncs (every train_relayout is kept)
+    sample_log: int = 0  # first N samples of every step to samples.jsonl (prompt/response ids and text, reward)
+
+
+@dataclass
+class PlacementConfig:
+    """Which ranks serve which role in which phase (rlhf_dyna.elastic). Sets are [first_rank, size]."""
+
+    policy: str = "colocate"  # colocate | split | lend
+    max_staleness: int = 0  # split: steps generation may run ahead of training (0 = on-policy, 1 = overlap)
+    rollout_ranks: int = 0  # split: ranks that generate; 0 = half the world
+    train_ranks: int = 0  # split: ranks that train (0 = the rest); lend: the actor's share (0 = half)
+    roles: dict[str, list[int]] = field(default_factory=dict)  # explicit sets: +placement.roles.rollout=[0,2]
+    rebalance: bool = False  # move devices between generation and training from measured phase times
 
 
 @dataclass
@@ -158,6 +179,7 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
     recipe: str = "grpo_tiny"  # name of the recipe, set by each recipe file
     dry_run: bool = False  # plan every transition of the recipe, without devices
 

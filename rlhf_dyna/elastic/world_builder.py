@@ -1,0 +1,119 @@
+"""Build the process groups and device meshes of upcoming placements on a background thread (live part).
+
+    builder = WorldBuilder([split_placement, lend_placement]).start()   # every rank, same list, same order
+    ... the current phase computes on its own groups ...
+    world = builder.get(split_placement.key())   # waits only if the build is not done yet
+    world.build_seconds, world.wait_seconds, world.mesh(spec), world.group(rank_set)
+
+Group creation is collective over the world (every rank calls it, members or not, in the same order), so
+only this thread may create groups while it runs; the main thread keeps running collectives on groups
+that already exist. On gloo a new group rendezvouses through the store only (no collective on another
+group), which is why building it concurrently with the main thread's collectives is safe
+(tests/elastic/test_world_builder.py checks it on 4 ranks).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from ..train.mesh import build_mesh
+from ..vps.spec import ParallelSpec, Phase
+from .placement import Placement, RankSet
+
+
+@dataclass
+class BuiltWorld:
+    key: str
+    meshes: dict[tuple, DeviceMesh] = field(default_factory=dict)  # training meshes by mesh_key(spec)
+    groups: dict[RankSet, object] = field(default_factory=dict)  # one flat group per rank set (rollout, syncs)
+    build_seconds: float = 0.0  # time the background thread spent on this placement
+    wait_seconds: float = 0.0  # time get() blocked the caller
+
+    def mesh(self, spec: ParallelSpec) -> DeviceMesh:
+        return self.meshes[mesh_key(spec)]
+
+    def group(self, ranks: RankSet):
+        return self.groups[ranks]
+
+
+def mesh_key(spec: ParallelSpec) -> tuple:
+    return (spec.first_rank, spec.dp, spec.tp, spec.tp_outer)
+
+
+def placement_specs(placement: Placement) -> tuple[list[ParallelSpec], list[RankSet]]:
+    """Distinct training specs and rank sets of a placement, in a deterministic order (same on every rank)."""
+    specs: dict[tuple, ParallelSpec] = {}
+    sets: dict[RankSet, None] = {}
+    for phase in placement.phases:
+        for role in placement.roles:
+            slot = placement.slot(phase, role)
+            if slot.parked:
+                continue
+            sets.setdefault(slot.ranks, None)  # type: ignore[arg-type]
+            spec = slot.spec
+            if spec.phase == Phase.TRAIN:
+                if spec.pp * spec.cp * spec.dp_replicate != 1:
+                    raise ValueError(f"world builder: {spec.describe()} has pp={spec.pp}, cp={spec.cp}, "
+                                     f"dp_replicate={spec.dp_replicate}; train.mesh builds (dp, tp) meshes only, so "
+                                     "live placements need pp=cp=dp_replicate=1.")
+                specs.setdefault(mesh_key(spec), spec)
+    return list(specs.values()), list(sets)
+
+
+class WorldBuilder:
+    """Builds the meshes and groups of `placements`, in order, on one background thread; `get` waits if needed."""
+
+    def __init__(self, placements: list[Placement]):
+        self._placements = placements
+        self._worlds: dict[str, BuiltWorld] = {}
+        self._ready = {p.key(): threading.Event() for p in placements}
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rlhf_dyna-world-builder", daemon=True)
+        self._mesh_cache: dict[tuple, DeviceMesh] = {}
+        self._group_cache: dict[RankSet, object] = {}
+
+    def start(self) -> WorldBuilder:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            for placement in self._placements:
+                t0 = time.perf_counter()
+                world = BuiltWorld(placement.key())
+                specs, sets = placement_specs(placement)
+                for spec in specs:
+                    key = mesh_key(spec)
+                    if key not in self._mesh_cache:  # shared between placements: built once
+                        self._mesh_cache[key] = build_mesh(spec.dp, spec.tp, spec.tp_outer, spec.first_rank)
+                    world.meshes[key] = self._mesh_cache[key]
+                for ranks in sets:
+                    if ranks not in self._group_cache:
+                        self._group_cache[ranks] = dist.new_group(list(ranks.ranks))
+                    world.groups[ranks] = self._group_cache[ranks]
+                world.build_seconds = time.perf_counter() - t0
+                self._worlds[world.key] = world
+                self._ready[world.key].set()
+        except BaseException as err:  # surfaced by get(), on the caller's thread
+            self._error = err
+            for event in self._ready.values():
+                event.set()
+
+    def get(self, key: str, timeout: float | None = None) -> BuiltWorld:
+        if key not in self._ready:
+            raise KeyError(f"world builder: no placement {key!r}; it builds {', '.join(self._ready)}")
+        t0 = time.perf_counter()
+        if not self._ready[key].wait(timeout):
+            raise TimeoutError(f"world builder: placement {key!r} not built after {timeout} s")
+        if self._error is not None and key not in self._worlds:
+            raise RuntimeError(f"world builder failed while building {key!r}: {self._error}") from self._error
+        world = self._worlds[key]
+        world.wait_seconds += time.perf_counter() - t0
+        return world
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)

@@ -1,0 +1,75 @@
+"""Config -> placement: the roles a run has, its layouts, and the policy's `Placement` (checked before spawn)."""
+from __future__ import annotations
+
+from ..config import Config
+from ..elastic.placement import ACTOR, CRITIC, REFERENCE, ROLES, ROLLOUT, Placement, RankSet, changes, weight_sync
+from ..elastic.policies import PolicyRequest, TrainLayout, make_placement
+from ..elastic.validate import PlacementError
+from ..validate import ConfigError
+
+LIVE_POLICIES = ("colocate",)  # what the loop executes today; the others are planned by dry_run=true
+
+
+def run_roles(cfg: Config) -> tuple[str, ...]:
+    roles = [ACTOR]
+    if cfg.algorithm.name == "ppo":
+        roles.append(CRITIC)
+    if cfg.algorithm.kl_coef > 0:
+        roles.append(REFERENCE)
+    return (*roles, ROLLOUT)
+
+
+def explicit_sets(cfg: Config) -> tuple[tuple[str, RankSet], ...]:
+    out = []
+    for role, pair in cfg.placement.roles.items():
+        if role not in ROLES or len(pair) != 2:
+            raise ConfigError(
+                f"placement.roles.{role}={list(pair)}: each entry is role: [first_rank, size] with role one of "
+                f"{', '.join(ROLES)}, e.g. +placement.roles.rollout=[0,2] +placement.roles.actor=[2,2].")
+        out.append((role, RankSet(int(pair[0]), int(pair[1]))))
+    return tuple(out)
+
+
+def placement_request(cfg: Config) -> PolicyRequest:
+    t, p = cfg.parallel.train, cfg.placement
+    layout = TrainLayout(tp=t.tp, pp=t.pp, cp=t.cp, ep=t.ep, zero=t.zero, master_weights=cfg.model.dtype != "float32")
+    return PolicyRequest(p.policy, cfg.parallel.world_size, run_roles(cfg), layout, cfg.rollout.tp, p.max_staleness,
+                         p.rollout_ranks, p.train_ranks, explicit_sets(cfg))
+
+
+def placement_of(cfg: Config) -> Placement:
+    try:
+        return make_placement(placement_request(cfg))
+    except PlacementError as err:
+        raise ConfigError(str(err)) from err
+
+
+def check_placement_config(cfg: Config) -> Placement:
+    """Refusals of the placement group, before spawn."""
+    p = cfg.placement
+    if p.rebalance:
+        raise ConfigError("placement.rebalance=true: automatic re-balancing is not implemented yet; leave it false.")
+    placement = placement_of(cfg)
+    rollout = placement.slot("generate", ROLLOUT).ranks
+    replicas = rollout.size // cfg.rollout.tp
+    if cfg.task.prompts_per_step % replicas:
+        raise ConfigError(
+            f"task.prompts_per_step={cfg.task.prompts_per_step} must be a multiple of the {replicas} rollout replicas "
+            f"of the rollout set {rollout.describe()} (its {rollout.size} ranks / rollout.tp={cfg.rollout.tp}); use "
+            f"{replicas * max(1, cfg.task.prompts_per_step // replicas)}.")
+    if not cfg.dry_run and p.policy not in LIVE_POLICIES:
+        raise ConfigError(
+            f"placement={p.policy} is planned by the dry run only (add dry_run=true to see its placement changes and "
+            f"their predicted times); live runs execute placement={'/'.join(LIVE_POLICIES)} today, where every role "
+            "sits on every rank. Drop the placement override to run.")
+    return placement
+
+
+def placement_transitions(cfg: Config) -> list:
+    """The weight sync and each VPS-planned role move of one step under `cfg.placement` (for the dry run)."""
+    from ..vps.dryrun import Transition
+
+    placement = placement_of(cfg)
+    sync = weight_sync(placement)
+    moves = [Transition(c.name, c.src.spec, c.dst.spec) for c in changes(placement) if c.is_vps]
+    return [Transition(sync.name, sync.src, sync.dst), *moves]

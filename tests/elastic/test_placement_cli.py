@@ -1,0 +1,29 @@
+"""Placement overrides on the command line: bad ones are refused before spawn, naming the wrong number."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+CASES = [
+    (["placement=split"], "live runs execute placement=colocate today"),
+    (["recipe=ppo_tiny", "placement=lend"], "placement=lend is planned by the dry run only"),
+    (["placement=lend", "dry_run=true"], "nothing to lend"),
+    (["placement=split", "placement.rollout_ranks=2", "dry_run=true"], "placement set of actor has 0 ranks"),
+    (["placement=split", "+placement.roles.rollout=[1,2]", "dry_run=true"], "ranks 1..2 (first=1, size=2)"),
+    (["placement=split", "parallel.world_size=4", "placement.rollout_ranks=3", "rollout.tp=2", "dry_run=true"],
+     "rollout.tp=2 does not divide the 3 ranks of the rollout set"),
+    (["recipe=ppo_tiny", "placement=lend", "+placement.roles.actor=[0,2]", "+placement.roles.critic=[1,1]",
+      "dry_run=true"], "share ranks [1]"),
+    (["placement.rebalance=true", "dry_run=true"], "not implemented yet"),
+]
+
+
+@pytest.mark.parametrize("args,expected", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_placement_is_refused_before_spawn(args, expected, tmp_path):
+    cmd = [sys.executable, "-m", "rlhf_dyna", *args, f"hydra.run.dir={tmp_path}", "tracking.wandb_mode=disabled"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
+    assert expected in proc.stderr, proc.stderr
+    assert not list(tmp_path.glob("rank*.log")), "refused before any rank spawned"
