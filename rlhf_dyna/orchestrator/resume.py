@@ -8,6 +8,7 @@ import json
 import os
 import random
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,9 +123,12 @@ def checkpoint_and_export(cfg, run_dir: Path, step: int, engines: dict, loop_rng
     trainer = cfg.trainer
     if not save_due(trainer, step):
         return
+    t0 = time.perf_counter()
     path = save_run(run_dir, step, engines, loop_rng, task, layout, trainer.keep_checkpoints)
+    t1 = time.perf_counter()
     if trainer.export_policy:
         export_policy(trainer, engines["actor"], model_dir, run_dir)
     if dist.get_rank() == 0:
-        print(f"rlhf_dyna: step {step}: checkpoint {path}" + (f", policy {run_dir / POLICY_DIR}" if trainer.export_policy else ""),
-              flush=True)
+        size = sum(f.stat().st_size for f in path.iterdir()) / 2**20
+        exported = f", policy {run_dir / POLICY_DIR} in {time.perf_counter() - t1:.2f} s" if trainer.export_policy else ""
+        print(f"rlhf_dyna: step {step}: checkpoint {path} ({size:.1f} MiB) in {t1 - t0:.2f} s{exported}", flush=True)

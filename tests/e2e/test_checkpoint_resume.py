@@ -83,10 +83,10 @@ def test_resume_auto_in_the_same_run_dir_appends(grpo_runs, tmp_path):
 
 
 def test_ppo_resume_restores_the_critic(tmp_path):
-    full = run(tmp_path / "full", *PPO, "trainer.total_steps=4")
-    run(tmp_path / "first2", *PPO, "trainer.total_steps=2")
-    resumed = run(tmp_path / "resumed", *PPO, "trainer.total_steps=4", f"trainer.resume={tmp_path / 'first2'}")
+    full = run(tmp_path / "full", *PPO, "trainer.total_steps=4", "trainer.save_every=2")  # keeps step_2 and step_4
+    step2 = tmp_path / "full" / "checkpoints" / "step_2"
+    resumed = run(tmp_path / "resumed", *PPO, "trainer.total_steps=4", f"trainer.resume={step2}")
     assert any(abs(r.get("critic/vf_loss", 0.0)) > 0 for r in full)
     assert_same_steps(full, resumed, range(3, 5))
-    marker = json.loads((tmp_path / "first2" / "checkpoints" / "step_2" / "COMPLETE").read_text())
+    marker = json.loads((step2 / "COMPLETE").read_text())
     assert marker["engines"] == ["actor", "critic", "reference"] and marker["step"] == 2
