@@ -79,7 +79,7 @@ def llama70b_catalog():
 
 
 def simulate(measured: dict) -> dict:
-    per = {algo: {int(n): t for n, t in runs.items()} for algo, runs in measured.items()}
+    per = {algo: {int(n): t for n, t in runs.items()} for algo, runs in measured.items() if not algo.startswith("_")}
     tiny = workload("ppo (bench model) on 8 GPUs", per["ppo"])
     cluster8 = Cluster(1, 8, 360.0, 25.0)
     base8 = PolicyRequest("colocate", 8, (ACTOR, CRITIC, ROLLOUT), TrainLayout(master_weights=False))
