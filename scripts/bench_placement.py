@@ -4,7 +4,7 @@
 grpo_70b on 128 GPUs, with transition times from the VPS cost model. Writes docs/bench/bench_placement.json
 and docs/bench/bench_placement.png.
 
-    python scripts/bench_placement.py                 # measure (about 15 min on 2 cores) and simulate
+    python scripts/bench_placement.py --algos ppo     # measure (about 10 min on 2 cores) and simulate
     python scripts/bench_placement.py --simulate-only # re-simulate from the committed JSON's measurements
 """
 from __future__ import annotations
@@ -90,7 +90,8 @@ def simulate(measured: dict) -> dict:
     big = llama70b_catalog()
     tokens_ratio = (16 * 8 * 2048) / (measured_prompts(measured) * 8 * 6)  # prompts x n x new tokens per step
     scale = (sum(math.prod(t.shape) for t in big.tensors) / bench_params) * tokens_ratio / GPU_SPEEDUP
-    grpo = workload("grpo_70b on 128 GPUs", per["grpo"], scale)
+    grpo = workload("grpo_70b on 128 GPUs", per.get("grpo", per["ppo"]), scale)  # train_critic unused by GRPO
+    grpo = Workload(grpo.name, grpo.generate, grpo.prepare, grpo.train_actor)
     cluster128 = Cluster(16, 8, 360.0, 25.0)
     base128 = PolicyRequest("colocate", 128, (ACTOR, ROLLOUT), TrainLayout(tp=8, master_weights=True), rollout_tp=8)
     grpo128 = predict_policies(grpo, base128, lambda r: transition_seconds(r, big, cluster128))
@@ -147,9 +148,10 @@ def plot(result: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--ranks", default="1,2,4")
+    ap.add_argument("--algos", default="ppo,grpo", help="ppo alone: GRPO's phases are taken from PPO's runs")
     ap.add_argument("--simulate-only", action="store_true")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -158,7 +160,7 @@ def main() -> None:
         result = json.loads(path.read_text())
     else:
         measured: dict = {"_prompts_per_step": args.prompts}
-        for algo in RECIPES:
+        for algo in args.algos.split(","):
             measured[algo] = {}
             for n in map(int, args.ranks.split(",")):
                 measured[algo][str(n)] = measure(algo, n, args.steps, args.prompts)
