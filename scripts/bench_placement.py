@@ -124,7 +124,7 @@ def plot(result: dict, path: Path) -> None:
             for algo, runs in result["measured"].items():
                 if algo.startswith("_"):
                     continue
-                for n, t in runs.items():
+                for n, t in sorted(runs.items(), key=lambda kv: int(kv[0])):
                     labels.append(f"{algo} n={n}")
                     rows.append([t.get(p, 0.0) for p in phases] + [t.get("weight_sync", 0.0)])
             title, bars = "measured per phase (colocate, this machine)", phases + ("weight_sync",)
@@ -153,15 +153,17 @@ def main() -> None:
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--algos", default="ppo,grpo", help="ppo alone: GRPO's phases are taken from PPO's runs")
     ap.add_argument("--simulate-only", action="store_true")
+    ap.add_argument("--merge", action="store_true", help="re-measure --ranks into the existing JSON, keep the rest")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / "bench_placement.json"
     if args.simulate_only:
         result = json.loads(path.read_text())
     else:
-        measured: dict = {"_prompts_per_step": args.prompts}
+        old = json.loads(path.read_text())["measured"] if args.merge else {}
+        measured: dict = {**old, "_prompts_per_step": args.prompts}
         for algo in args.algos.split(","):
-            measured[algo] = {}
+            measured.setdefault(algo, {})
             for n in map(int, args.ranks.split(",")):
                 measured[algo][str(n)] = measure(algo, n, args.steps, args.prompts)
                 print(f"{algo} n={n}: {measured[algo][str(n)]}", flush=True)
@@ -175,7 +177,23 @@ def main() -> None:
         print(key)
         for r in result["simulation"][key]:
             print(f"  {r['policy']:<22} step {r['step_s']:.4f} s  transitions {r['transition_s']:.4f} s  {r['sets']}")
+    print(markdown(result))
     print(f"wrote {path}")
+
+
+def markdown(result: dict) -> str:
+    """The README's tables, from the JSON."""
+    lines = ["| ranks | generate s | prepare s | train actor s | train critic s | weight sync s | step s |",
+             "|---|---|---|---|---|---|---|"]
+    for n, t in sorted(result["measured"]["ppo"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"| {n} | {t['generate']:.2f} | {t['prepare']:.2f} | {t['train_actor']:.2f} | "
+                     f"{t['train_critic']:.2f} | {t['weight_sync']:.2f} | {t['step']:.2f} |")
+    for key in ("ppo_tiny_8gpu", "grpo_70b_128gpu"):
+        lines += ["", f"{key}:", "", "| policy | sets | step s | transitions s |", "|---|---|---|---|"]
+        for r in result["simulation"][key]:
+            sets = ", ".join(f"{k} {v}" for k, v in r["sets"].items())
+            lines.append(f"| {r['policy']} | {sets} | {r['step_s']:.3f} | {r['transition_s']:.4f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
