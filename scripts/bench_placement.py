@@ -137,6 +137,10 @@ def plot(result: dict, path: Path) -> None:
             vals = [r[i] for r in rows]
             ax.bar(labels, vals, bottom=bottom, label=name)
             bottom = [b + v for b, v in zip(bottom, vals)]
+        if key != "measured":  # the predicted step: phases that overlap (split staleness 1, lend) count once
+            ax.scatter(labels, [r["step_s"] for r in result["simulation"][key]], color="black", marker="_", s=900,
+                       label="predicted step", zorder=3)
+            ax.legend(fontsize="small")
         ax.set_title(title, fontsize="medium")
         ax.set_ylabel("seconds (phases stacked; overlap not shown)")
         ax.tick_params(axis="x", rotation=30, labelsize="small")
