@@ -6,7 +6,7 @@ before any rank is spawned.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -112,13 +112,21 @@ class RolloutConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = "arithmetic"  # arithmetic | sort_digits
+    name: str = "arithmetic"  # arithmetic | sort_digits | file
     min_digits: int = 1
     max_digits: int = 2
     partial_credit: bool = False
     prompts_per_step: int = 16  # global, over all rollout replicas
     eval_size: int = 128
     eval_every: int = 5
+    # task=file (rlhf_dyna/tasks/file_task.py): local jsonl / json / parquet through HF datasets
+    train_files: list[str] = field(default_factory=list)
+    eval_files: list[str] = field(default_factory=list)
+    prompt_key: str = "prompt"  # column: a string or a list of {role, content} messages
+    answer_key: str = "answer"  # column: the ground truth handed to the rewards
+    max_prompt_tokens: int = 0  # longer prompts are dropped (count printed); 0 = keep all
+    reward: Any = "math"  # math | exact | module:function, or a list of them
+    reward_weights: list[float] = field(default_factory=list)  # one per reward; empty = 1.0 each
 
 
 @dataclass
@@ -129,6 +137,7 @@ class TrackingConfig:
     console: bool = True
     transition_trace: bool = True  # write transition_trace.json: Chrome trace (Perfetto) of each transition's rounds
     trace_syncs: int = 10  # bounds its size: only the first N train_to_rollout syncs (every train_relayout is kept)
+    sample_log: int = 0  # first N samples of every step to samples.jsonl (prompt/response ids and text, reward)
 
 
 @dataclass
@@ -151,6 +160,13 @@ class TrainerConfig:
     sft_warmup_steps: int = 0  # supervised warm-up on task demonstrations before RL
     sft_lr: float = 3e-3
     sft_batch_size: int = 64
+    # checkpoints (orchestrator/resume.py): <run dir>/checkpoints/step_<N>/, policy export to <run dir>/policy/
+    save_every: int = 0  # 0 = off
+    save_last: bool = True  # checkpoint at the end of the run
+    keep_checkpoints: int = 2  # newest complete ones kept; 0 = all
+    resume: Optional[str] = None  # auto (latest under the run dir) | PATH (step_<N>/, checkpoints/ or a run dir)
+    export_policy: bool = True  # HF dir of the policy at every save and at the end
+    export_max_shard_bytes: int = 2 * 2**30  # bound of one exported safetensors file
 
 
 @dataclass

@@ -9,6 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from .config import Config
+from .orchestrator.checkpoint_dirs import CheckpointError, resolve_trainer_resume
 from .validate import ConfigError, validate, wants_cuda
 
 RESOLVED_CONFIG = "config_resolved.yaml"
@@ -35,6 +36,8 @@ def run_job(dcfg: DictConfig) -> int:
     torchrun = launch.under_torchrun()
     try:
         validate(cfg, under_torchrun=torchrun)
+        if not cfg.dry_run:  # [ckpt] a bad trainer.resume fails here; the ranks get the concrete step dir
+            cfg.trainer.resume = resolve_trainer_resume(cfg.trainer, out_dir)
         if cfg.dry_run:
             from .orchestrator.dry_run import run_dry_run
 
@@ -42,7 +45,7 @@ def run_job(dcfg: DictConfig) -> int:
             return 0
         if not torchrun:
             launch.check_capacity(cfg.parallel.world_size, "cuda" if wants_cuda(cfg) else "cpu")
-    except (ConfigError, launch.LaunchError) as err:
+    except (ConfigError, launch.LaunchError, CheckpointError) as err:
         print(f"rlhf_dyna: error: {err}", file=sys.stderr)
         return 2
     OmegaConf.save(OmegaConf.structured(cfg), out_dir / RESOLVED_CONFIG)

@@ -20,7 +20,7 @@ CHOICES = {
     "algorithm.kl_estimator": ("k1", "k3"),
     "rollout.engine": ("vllm",),
     "rollout.sync": ("naive", "vps"),
-    "task.name": ("arithmetic", "sort_digits"),
+    "task.name": ("arithmetic", "sort_digits", "file"),
     "tracking.wandb_mode": ("offline", "online", "disabled"),
     "trainer.precision": ("fp32", "bf16"),
     "parallel.device": ("auto", "cpu", "cuda"),
@@ -108,6 +108,11 @@ def check_layouts(cfg: Config) -> None:
         raise ConfigError(f"parallel.world_size={world} must be >= 1.")
     resolve_dp(cfg.parallel.train, world)
     check_tp(cfg.model, cfg.parallel.train.tp, "parallel.train.tp", allow_kv_replication=False)
+    if cfg.parallel.train.ep > 1 and cfg.model.num_experts == 0:
+        raise ConfigError(
+            f"parallel.train.ep={cfg.parallel.train.ep} on a dense model (model.num_experts=0): expert parallel shards "
+            f"the experts of an MoE model; use parallel.train.ep=1, or an MoE model (e.g. model=qwen3_235b_a22b)."
+        )
     check_tp(cfg.model, cfg.rollout.tp, "rollout.tp", allow_kv_replication=True)
     if world % cfg.rollout.tp:
         raise ConfigError(
@@ -115,12 +120,98 @@ def check_layouts(cfg: Config) -> None:
             f"valid rollout.tp: {[d for d in divisors(world) if d in divisors(cfg.model.num_attention_heads)]}."
         )
     check_layout_schedule(cfg)
+    check_batch_split(cfg)
     replicas = world // cfg.rollout.tp
     if cfg.task.prompts_per_step % replicas:
         raise ConfigError(
             f"task.prompts_per_step={cfg.task.prompts_per_step} must be a multiple of the {replicas} rollout "
             f"replicas (world_size / rollout.tp); use {replicas * max(1, cfg.task.prompts_per_step // replicas)}."
         )
+
+
+# key -> (test, what a right value is); each is known before spawn, so none may reach a rank
+VALUE_RULES: dict[str, tuple] = {
+    "rollout.n": (lambda v: v >= 1, "an integer >= 1 (samples per prompt; GRPO needs >= 2 for a group baseline)"),
+    "rollout.temperature": (lambda v: v >= 0, ">= 0 (0 = greedy)"),
+    "rollout.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "rollout.top_k": (lambda v: v == -1 or v >= 1, "-1 (off) or >= 1"),
+    "rollout.max_new_tokens": (lambda v: v >= 1, "an integer >= 1"),
+    "rollout.kv_cache_bytes": (lambda v: v >= 0, ">= 0 (0 = vLLM sizes the cache)"),
+    "algorithm.lr": (lambda v: v > 0, "> 0, e.g. 1e-6 for a pretrained model"),
+    "algorithm.critic_lr": (lambda v: v > 0, "> 0"),
+    "algorithm.weight_decay": (lambda v: v >= 0, ">= 0"),
+    "algorithm.grad_clip": (lambda v: v > 0, "> 0"),
+    "algorithm.clip_eps_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "algorithm.clip_eps_high": (lambda v: v >= 0, ">= 0"),
+    "algorithm.kl_coef": (lambda v: v >= 0, ">= 0 (0 = no reference model)"),
+    "algorithm.gamma": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "algorithm.lam": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "algorithm.vf_clip": (lambda v: v >= 0, ">= 0"),
+    "algorithm.epochs": (lambda v: v >= 1, "an integer >= 1"),
+    "algorithm.mini_batches": (lambda v: v >= 1, "an integer >= 1"),
+    "algorithm.micro_batch_size": (lambda v: v >= 1, "an integer >= 1 (rows per forward/backward on a rank)"),
+    "task.prompts_per_step": (lambda v: v >= 1, "an integer >= 1"),
+    "task.eval_size": (lambda v: v >= 1, "an integer >= 1"),
+    "task.eval_every": (lambda v: v >= 1, "an integer >= 1 (steps between evaluations)"),
+    "trainer.total_steps": (lambda v: v >= 0, "an integer >= 0"),
+    "trainer.sft_warmup_steps": (lambda v: v >= 0, "an integer >= 0"),
+    "trainer.sft_lr": (lambda v: v > 0, "> 0"),
+    "trainer.sft_batch_size": (lambda v: v >= 1, "an integer >= 1"),
+    "parallel.train.zero": (lambda v: v in (1, 2, 3), "1, 2 or 3"),
+}
+
+
+def check_values(cfg: Config) -> None:
+    for key, (ok, right) in VALUE_RULES.items():
+        value = _lookup(cfg, key)
+        if not ok(value):
+            raise ConfigError(f"{key}={value!r} is out of range; it must be {right}.")
+    betas = tuple(cfg.algorithm.betas)
+    if not all(0 <= b < 1 for b in betas):
+        raise ConfigError(f"algorithm.betas={list(betas)} must both lie in [0, 1), e.g. [0.9, 0.999].")
+    r = cfg.rollout
+    if r.temperature == 0 and r.n > 1:
+        raise ConfigError(
+            f"rollout.temperature=0 (greedy) with rollout.n={r.n} draws {r.n} identical samples per prompt, so every "
+            f"group advantage is 0 and nothing trains; use rollout.temperature > 0 (e.g. 1.0) or rollout.n=1."
+        )
+    if cfg.algorithm.name == "grpo" and r.n < 2:
+        raise ConfigError(
+            f"algorithm.name=grpo with rollout.n={r.n}: GRPO's baseline is the mean reward of a prompt's group, so one "
+            f"sample per prompt has advantage 0; use rollout.n >= 2 (e.g. 8), or algorithm=ppo for a learned baseline."
+        )
+
+
+LIVE_SUPPORT = ("Live runs support dense models (llama, qwen2, qwen3) trained in dp x tp layouts (FSDP2 at zero 1-3, "
+                "DTensor tensor parallel) with vLLM rollout at any rollout.tp; dry_run=true plans every layout, "
+                "pipeline / context / expert parallel and MoE included.")
+
+
+def check_runs_live(cfg: Config) -> None:
+    """What the dry run plans but the live engines cannot run yet, refused before spawn."""
+    t, m = cfg.parallel.train, cfg.model
+    unsupported = [f"parallel.train.{name}={getattr(t, name)}" for name in ("pp", "cp", "ep") if getattr(t, name) > 1]
+    if m.arch == "qwen3_moe" or m.num_experts > 0:
+        unsupported.append(f"model.arch={m.arch} (MoE, num_experts={m.num_experts})")
+    if unsupported:
+        raise ConfigError(
+            f"{', '.join(unsupported)} does not run live yet. {LIVE_SUPPORT} Set parallel.train.pp=1 cp=1 ep=1 with a "
+            f"dense model, or add dry_run=true to plan this configuration without devices."
+        )
+
+
+def check_batch_split(cfg: Config) -> None:
+    """Each step's rows (prompts x samples) split into mini-batches, each into equal dp shards, in every layout."""
+    rows, minis = cfg.task.prompts_per_step * cfg.rollout.n, cfg.algorithm.mini_batches
+    world = cfg.parallel.world_size
+    dps = {resolve_dp(cfg.parallel.train, world)} | {world // s.tp if s.dp == -1 else s.dp for s in cfg.parallel.schedule}
+    for dp in sorted(dps):
+        if rows % (minis * dp):
+            raise ConfigError(
+                f"task.prompts_per_step * rollout.n = {cfg.task.prompts_per_step} * {cfg.rollout.n} = {rows} rows per step "
+                f"do not split into algorithm.mini_batches={minis} x dp={dp} equal shards; make the rows a multiple of "
+                f"{minis * dp} (e.g. task.prompts_per_step={-(-cfg.task.prompts_per_step // (minis * dp)) * minis * dp})."
+            )
 
 
 def cuda_device_count() -> int:
@@ -167,9 +258,17 @@ def check_resources(cfg: Config, under_torchrun: bool) -> None:
 
 def validate(cfg: Config, under_torchrun: bool = False) -> None:
     check_choices(cfg)
+    check_values(cfg)
     check_layouts(cfg)
     from .orchestrator.placements import check_placement_config  # here: it imports ConfigError from this module
 
     check_placement_config(cfg)
     if not cfg.dry_run:
         check_resources(cfg, under_torchrun)
+        check_runs_live(cfg)
+        from .tasks.validate_data import check_data  # deferred: datasets / transformers load only for real runs
+
+        try:
+            check_data(cfg)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..vps.spec import ParallelSpec, Phase
+from ..vps.spec import ParallelSpec, rollout_spec, train_spec
 from .placement import (ACTOR, CRITIC, GENERATE, PHASES, PREPARE, REFERENCE, ROLLOUT, TRAIN_ACTOR, TRAIN_CRITIC,
                         Placement, RankSet, RoleSlot, resident)
 from .validate import PlacementError, check_placement, check_sets
@@ -46,12 +46,12 @@ class PolicyRequest:
 
 
 def train_spec_on(ranks: RankSet, layout: TrainLayout) -> ParallelSpec:
-    return ParallelSpec(phase=Phase.TRAIN, dp=ranks.size // layout.inner, tp=layout.tp, pp=layout.pp, cp=layout.cp,
-                        ep=layout.ep, zero=layout.zero, master_weights=layout.master_weights, first_rank=ranks.first)
+    return train_spec(ranks.size // layout.inner, layout.tp, layout.pp, layout.cp, layout.ep, layout.master_weights,
+                      first_rank=ranks.first)
 
 
 def rollout_spec_on(ranks: RankSet, tp: int) -> ParallelSpec:
-    return ParallelSpec(phase=Phase.ROLLOUT, dp=ranks.size // tp, tp=tp, first_rank=ranks.first)
+    return rollout_spec(tp, ranks.size // tp, first_rank=ranks.first)
 
 
 def _slot(role: str, ranks: RankSet, req: PolicyRequest) -> RoleSlot:

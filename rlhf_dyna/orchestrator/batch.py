@@ -1,7 +1,7 @@
 """Rollout samples, their gathering across ranks, and packing into right-padded training tensors."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -15,6 +15,7 @@ class Sample:
     response_ids: list[int]
     reward: float = 0.0
     finished: bool = True  # ended with EOS (not cut by max_new_tokens)
+    reward_parts: dict[str, float] = field(default_factory=dict)  # each named reward fn's value (task=file)
 
 
 def gather_samples(local: list[Sample], contributes: bool) -> list[Sample]:

@@ -11,29 +11,19 @@ from ..config import Config
 from ..models.catalog import catalog_from_config
 from ..models.build import make_hf_config
 from ..models.hf_config import hf_config_from_fields
+from ..parallel_dims import ParallelDims
 from ..tasks.tokenizer import CharTokenizer
-from ..validate import resolve_dp
 from ..vps.cost import Cluster
 from ..vps.dryrun import Transition, summarize, write_summary
-from ..vps.spec import ParallelSpec, Phase
 from .setup import model_source
-
-
-def train_spec(cfg: Config) -> ParallelSpec:
-    t = cfg.parallel.train
-    return ParallelSpec(phase=Phase.TRAIN, dp=resolve_dp(t, cfg.parallel.world_size), tp=t.tp, pp=t.pp, cp=t.cp,
-                        ep=t.ep, zero=t.zero, master_weights=cfg.model.dtype != "float32")
-
-
-def rollout_spec(cfg: Config) -> ParallelSpec:
-    return ParallelSpec(phase=Phase.ROLLOUT, dp=cfg.parallel.world_size // cfg.rollout.tp, tp=cfg.rollout.tp)
 
 
 def recipe_transitions(cfg: Config) -> list[Transition]:
     """Each step moves the trained weights into vLLM's layout (across rank sets under split), then every
-    role-state move the placement implies (reshard/<role>/<from_phase>_to_<to_phase>)."""
+    role-state move the placement implies (reshard/<role>/<from_phase>_to_<to_phase>). The specs come from
+    parallel_dims, the mapping the live binding uses too."""
     if cfg.placement.policy == "colocate":
-        return [Transition("train_to_rollout", train_spec(cfg), rollout_spec(cfg))]
+        return [Transition("train_to_rollout", *ParallelDims.from_config(cfg).train_to_rollout())]
     from .placements import placement_transitions
 
     return placement_transitions(cfg)

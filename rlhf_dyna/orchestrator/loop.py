@@ -16,7 +16,8 @@ from ..algos.ppo import gae, token_rewards, whiten
 from ..config import Config
 from ..rollout.vllm_engine import VLLMRollout
 from ..tasks.base import Example
-from ..tasks.tokenizer import CharTokenizer
+from ..tasks.hf_tokenizer import build_tokenizer
+from ..tracking.sample_log import log_samples
 from ..tracking.timeline import TIMELINE_FILE, record_step_phases, write_timeline_png
 from ..tracking.tracker import Tracker
 from ..transition.relayout import LayoutSwitch, layout_of, relayout, switch_at
@@ -25,7 +26,8 @@ from ..transition.trace import TraceRecorder, gather_trace, write_chrome_trace
 from ..transition.vps_mover import least_moving_layout, make_vps_mover
 from .batch import Sample, gather_samples, pack, rank_rows, split_rows
 from .objectives import actor_loss, critic_loss
-from .phases import evaluate, generate, supervised_warmup
+from .phases import evaluate, generate, reward_part_means, supervised_warmup
+from .resume import checkpoint_and_export, export_policy, restore_run, resumed_switch, save_due
 from .setup import (
     RankContext, build_actor, build_critic_engine, build_reference, build_task, model_source, rank_context,
     seed_everything, write_initial_checkpoint,
@@ -111,8 +113,8 @@ def change_layout(ctx: RankContext, layout, *engines, recorder: TraceRecorder | 
 def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
     seed_everything(cfg.trainer.seed)
     ctx = rank_context(cfg)
-    task = build_task(cfg)
-    tokenizer = CharTokenizer()
+    tokenizer = build_tokenizer(cfg.model.path)  # the checkpoint's own, or the toy character tokenizer
+    task = build_task(cfg, tokenizer)
     source = model_source(cfg.model, tokenizer)
     actor = build_actor(cfg, source, ctx)
     model_dir = write_initial_checkpoint(source, actor, tokenizer, out_dir, dist_info.node_rank, dist_info.local_rank)
@@ -130,30 +132,41 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
         tracker = Tracker(out_dir, asdict(cfg.tracking), cfg.tracking.console, cfg.trainer.total_steps, run_config)
     try:
         warmup = {}
-        if cfg.trainer.sft_warmup_steps > 0:  # so the warm-up's share of the final accuracy is on record
+        resume_from = Path(cfg.trainer.resume) if cfg.trainer.resume else None  # [ckpt] resolved before spawn (job.py)
+        if cfg.trainer.sft_warmup_steps > 0 and resume_from is None:  # so the warm-up's share of the final accuracy is on record
             warmup = {**evaluate(cfg, rollout, task, tokenizer, ctx, prefix="pre_warmup"),
                       **supervised_warmup(cfg, actor, task, tokenizer, ctx)}
         ref = build_reference(cfg, source, actor) if cfg.algorithm.kl_coef > 0 else None
         critic = build_critic_engine(cfg, source, actor) if cfg.algorithm.name == "ppo" else None
-        sync.sync(actor, rollout)
-        metrics = {**warmup, **evaluate(cfg, rollout, task, tokenizer, ctx)}
-        if tracker:
-            tracker.log(0, metrics)
         rng = random.Random(cfg.trainer.seed + 1)
         schedule = layout_schedule(cfg)
-        for step in range(1, cfg.trainer.total_steps + 1):
+        start = 0
+        if resume_from is not None:  # [ckpt] DCP reshards into this run's layout; the schedule's is reached below
+            state = restore_run(resume_from, {"actor": actor, "critic": critic, "reference": ref}, task)
+            start, rng = state.step, state.loop_rng
+        sync.sync(actor, rollout)  # vLLM generates with the (resumed) actor's weights
+        if start == 0:
+            metrics = {**warmup, **evaluate(cfg, rollout, task, tokenizer, ctx)}
+            if tracker:
+                tracker.log(0, metrics)
+        for step in range(start + 1, cfg.trainer.total_steps + 1):
             switch = {}
-            layout = switch_at(schedule, step)
+            layout = switch_at(schedule, step) if step > start + 1 or start == 0 else resumed_switch(schedule, start)
             if layout is not None:
                 ctx, (actor, critic, ref), switch = change_layout(ctx, layout, actor, critic, ref, recorder=recorder)
             step_start = time.time()
-            metrics = {**switch, **rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync)}
+            metrics = {**switch, **rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync,
+                                           out_dir if tracker else None)}
             if recorder is not None:  # the phases this rank served, for the timeline
                 record_step_phases(recorder, step, step_start, metrics)
             if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
                 metrics.update(evaluate(cfg, rollout, task, tokenizer, ctx))
             if tracker:
                 tracker.log(step, metrics)
+            checkpoint_and_export(cfg, out_dir, step, {"actor": actor, "critic": critic, "reference": ref}, rng, task,
+                                  {"dp": ctx.dp, "tp": ctx.tp, "zero": actor.zero}, model_dir)  # [ckpt]
+        if cfg.trainer.export_policy and not save_due(cfg.trainer, cfg.trainer.total_steps):  # [ckpt] export at the end
+            export_policy(cfg.trainer, actor, model_dir, out_dir)
         if recorder is not None:  # collective, so not in `finally`: after one rank fails the others would wait forever
             events = gather_trace(recorder)
             if ctx.rank == 0:
@@ -165,7 +178,7 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
         rollout.shutdown()
 
 
-def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync) -> dict[str, float]:
+def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync, log_dir=None) -> dict[str, float]:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     prompts: list[Example] = task.train_prompts(step, cfg.task.prompts_per_step, rng)  # same on every rank
@@ -174,6 +187,8 @@ def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, s
 
     t1 = time.perf_counter()
     samples = sorted(gather_samples(local, ctx.is_rollout_leader), key=lambda s: s.prompt_index)
+    if log_dir is not None and cfg.tracking.sample_log > 0:
+        log_samples(log_dir, step, samples, tokenizer, cfg.tracking.sample_log)
     batch = rank_rows(pack(samples, tokenizer.pad_id), ctx.dp_rank, ctx.dp, cfg.algorithm.mini_batches)
     batch = advantages_for(cfg, batch, samples, ctx, actor, ref, critic)
     timings["timing_s/prepare"] = time.perf_counter() - t1
@@ -195,6 +210,7 @@ def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, s
     metrics = {
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        **reward_part_means(samples),
         "response_length/mean": float(lengths.mean()),
         **{f"actor/{k}": v for k, v in actor_metrics.items() if k != "loss"},
         **{f"critic/{k}": v for k, v in critic_metrics.items() if k != "loss"},

@@ -10,8 +10,11 @@ import torch.distributed as dist
 
 from ..config import Config, ModelConfig
 from ..models.build import ModelSpec, build_critic, build_policy, make_hf_config, save_hf_dir
-from ..tasks.base import Task, make_task
+from ..models.meta_init import checkpoint_config, checkpoint_loader, meta_critic, meta_policy, value_head_init
+from ..tasks.base import BaseTask, make_task
+from ..tasks.file_task import make_file_task
 from ..tasks.tokenizer import CharTokenizer
+from ..train.copy_shards import copy_local_shards_
 from ..train.engine import TrainEngine, full_state_dict
 from ..train.mesh import build_mesh
 from ..validate import resolve_dp
@@ -50,8 +53,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_task(cfg: Config) -> Task:
+def build_task(cfg: Config, tokenizer=None) -> BaseTask:
     t = cfg.task
+    if t.name == "file":  # the checkpoint's tokenizer measures prompts for task.max_prompt_tokens
+        return make_file_task(t, cfg.trainer.seed, tokenizer)
     return make_task(
         t.name, seed=cfg.trainer.seed, eval_size=t.eval_size, partial_credit=t.partial_credit,
         min_digits=t.min_digits, max_digits=t.max_digits,
@@ -88,32 +93,52 @@ def rank_context(cfg: Config) -> RankContext:
     )
 
 
+def _device(mesh) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
+
+
 def build_actor(cfg: Config, source: ModelSpec | str, ctx: RankContext) -> TrainEngine:
+    """Random init: the full seeded model, then sharded (tiny recipes, bit-identical across layouts). A checkpoint:
+    built on meta, sharded, and each rank reads only its shards (models.meta_init)."""
     alg = cfg.algorithm
-    policy = build_policy(source, DTYPES["fp32"], seed=cfg.trainer.seed)
+    mesh = build_mesh(ctx.dp, ctx.tp)
+    if isinstance(source, str):
+        policy, materialize = meta_policy(checkpoint_config(source), DTYPES["fp32"]), checkpoint_loader(source, _device(mesh))
+    else:
+        policy, materialize = build_policy(source, DTYPES["fp32"], seed=cfg.trainer.seed), None
     return TrainEngine(
-        policy, build_mesh(ctx.dp, ctx.tp), lr=alg.lr, weight_decay=alg.weight_decay, betas=tuple(alg.betas),
+        policy, mesh, lr=alg.lr, weight_decay=alg.weight_decay, betas=tuple(alg.betas),
         grad_clip=alg.grad_clip, precision=cfg.trainer.precision, micro_batch_size=alg.micro_batch_size,
-        zero=cfg.parallel.train.zero,
+        zero=cfg.parallel.train.zero, materialize=materialize,
     )
 
 
 def build_critic_engine(cfg: Config, source: ModelSpec | str, actor: TrainEngine) -> TrainEngine:
+    """A checkpoint gives the backbone per shard (meta build); the value head is random, seeded, either way."""
     alg = cfg.algorithm
-    critic = build_critic(source, DTYPES["fp32"], seed=cfg.trainer.seed + 1)
+    if isinstance(source, str):
+        config = checkpoint_config(source)
+        head = value_head_init(config, DTYPES["fp32"], seed=cfg.trainer.seed + 1)
+        critic, materialize = meta_critic(config, DTYPES["fp32"]), checkpoint_loader(source, actor.device, extra=head)
+    else:
+        critic, materialize = build_critic(source, DTYPES["fp32"], seed=cfg.trainer.seed + 1), None
     return TrainEngine(
         critic, actor.mesh, lr=alg.critic_lr, weight_decay=alg.weight_decay, betas=tuple(alg.betas),
         grad_clip=alg.grad_clip, precision=cfg.trainer.precision, micro_batch_size=alg.micro_batch_size,
-        zero=cfg.parallel.train.zero,
+        zero=cfg.parallel.train.zero, materialize=materialize,
     )
 
 
 def build_reference(cfg: Config, source: ModelSpec | str, actor: TrainEngine) -> TrainEngine:
-    """A frozen copy of the actor's current weights (taken after any warm-up), sharded like the actor."""
-    ref = build_policy(source, DTYPES["fp32"], seed=cfg.trainer.seed)
-    ref.load_state_dict(dict(full_state_dict(actor)))
+    """A frozen copy of the actor's current weights (taken after any warm-up), sharded like the actor: built on meta
+    with the same layout and filled from the actor's local shards, so no rank ever holds a full copy."""
+    def copy_from_actor(model) -> None:
+        model.to_empty(device=actor.device)
+        copy_local_shards_(model, actor.model)
+    ref = meta_policy(actor.model.config, DTYPES["fp32"])
     return TrainEngine(ref, actor.mesh, trainable=False, precision=cfg.trainer.precision,
-                       micro_batch_size=cfg.algorithm.micro_batch_size, zero=cfg.parallel.train.zero)
+                       micro_batch_size=cfg.algorithm.micro_batch_size, zero=cfg.parallel.train.zero,
+                       materialize=copy_from_actor)
 
 
 def write_initial_checkpoint(source: ModelSpec | str, actor: TrainEngine, tokenizer: CharTokenizer, out_dir: Path,

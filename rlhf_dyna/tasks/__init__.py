@@ -1,5 +1,5 @@
 """Verifiable reward tasks, their data (made in code) and the character tokenizer."""
-from rlhf_dyna.tasks import arithmetic, sort_digits  # noqa: F401  (register the built-in tasks)
+from rlhf_dyna.tasks import arithmetic, file_task, sort_digits  # noqa: F401  (register the built-in tasks)
 from rlhf_dyna.tasks.arithmetic import ArithmeticTask
 from rlhf_dyna.tasks.base import (
     TASK_REGISTRY, Example, SFTExample, Task, make_task, positional_credit, response_answer,

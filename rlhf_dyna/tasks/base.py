@@ -8,16 +8,17 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Union
 
 from rlhf_dyna.tasks.tokenizer import EOS
 
 
 @dataclass(frozen=True, slots=True)
 class Example:
-    prompt: str  # e.g. "12+34="
-    answer: str  # e.g. "46": the reference response, without <eos>
+    prompt: Union[str, list[dict[str, Any]]]  # "12+34=", or chat messages [{role, content}, ...]
+    answer: str  # e.g. "46": the reference response (toy tasks) or ground truth for the reward
+    columns: dict[str, Any] = field(default_factory=dict)  # a data file's other columns, handed to rewards by name
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +45,41 @@ def positional_credit(answer: str, response: str) -> float:
     return sum(a == b for a, b in zip(answer, response)) / len(answer)
 
 
-class Task(ABC):
-    """A verifiable task. Subclasses provide `_sample` (one training example from an rng) and
-    `_make_eval_set`; the rest (disjointness, rewards, SFT data) is shared."""
+class BaseTask(ABC):
+    """What the loop asks of a task: training prompts, an eval set, batch rewards and a data position."""
 
     name: str = "task"
+
+    @abstractmethod
+    def train_prompts(self, step: int, batch_size: int, rng: random.Random) -> list[Example]:
+        """`batch_size` training examples for `step` (identical on every rank)."""
+
+    @abstractmethod
+    def eval_set(self) -> list[Example]:
+        """The fixed held-out set."""
+
+    @abstractmethod
+    def score(self, examples: Sequence[Example], responses: Sequence[str]) -> tuple[list[float], dict[str, list[float]]]:
+        """Reward per response (examples[i] is the prompt of responses[i]), and each named reward part."""
+
+    @abstractmethod
+    def eval_accuracy(self, examples: Sequence[Example], responses: Sequence[str], rewards: Sequence[float]) -> float:
+        """What eval/accuracy reports."""
+
+    def sft_examples(self, n: int, rng: random.Random) -> list[SFTExample]:
+        raise NotImplementedError(f"task {self.name!r} has no demonstrations for a supervised warm-up")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data position (for checkpoint resume); tasks drawing from the loop's rng have none."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a `state_dict()`."""
+
+
+class Task(BaseTask):
+    """A verifiable task. Subclasses provide `_sample` (one training example from an rng) and
+    `_make_eval_set`; the rest (disjointness, rewards, SFT data) is shared."""
 
     def __init__(self, seed: int, eval_size: int, partial_credit: bool) -> None:
         if eval_size < 1:
@@ -112,6 +143,12 @@ class Task(ABC):
             return positional_credit(example.answer, response_answer(response_text))
         return 0.0
 
+    def score(self, examples: Sequence[Example], responses: Sequence[str]) -> tuple[list[float], dict[str, list[float]]]:
+        return [self.reward(e, r) for e, r in zip(examples, responses)], {}
+
+    def eval_accuracy(self, examples: Sequence[Example], responses: Sequence[str], rewards: Sequence[float]) -> float:
+        return self.accuracy(examples, responses)
+
     def accuracy(self, examples: Sequence[Example], responses: Sequence[str]) -> float:
         """Exact-match fraction (what eval/accuracy reports)."""
         if len(examples) != len(responses):
@@ -125,11 +162,11 @@ class Task(ABC):
         return [SFTExample(e.prompt, e.answer + EOS) for e in self.train_prompts(0, n, rng)]
 
 
-TASK_REGISTRY: dict[str, Callable[..., Task]] = {}
+TASK_REGISTRY: dict[str, Callable[..., BaseTask]] = {}
 
 
-def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
-    def register(cls: type[Task]) -> type[Task]:
+def register_task(name: str) -> Callable[[type[BaseTask]], type[BaseTask]]:
+    def register(cls: type[BaseTask]) -> type[BaseTask]:
         cls.name = name
         TASK_REGISTRY[name] = cls
         return cls
@@ -137,7 +174,7 @@ def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
     return register
 
 
-def make_task(name: str, **cfg: Any) -> Task:
+def make_task(name: str, **cfg: Any) -> BaseTask:
     """Build a registered task by name; `cfg` are the task's constructor arguments."""
     if name not in TASK_REGISTRY:
         raise ValueError(f"unknown task {name!r}; registered: {sorted(TASK_REGISTRY)}")

@@ -55,6 +55,17 @@ class CharTokenizer:
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         return [self.bos_id] * add_bos + ids + [self.eos_id] * add_eos
 
+    @property
+    def eos_ids(self) -> list[int]:
+        """Every id that ends a generation (one here; HF checkpoints may have several)."""
+        return [self.eos_id]
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """A toy task's prompt: <bos> then one token per character (the ids the toy recipes always used)."""
+        if not isinstance(prompt, str):
+            raise ValueError("the character tokenizer takes string prompts only; chat messages need model.path")
+        return self.encode(prompt, add_bos=True)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`; by default special tokens (pad, bos, eos, unk) are dropped."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

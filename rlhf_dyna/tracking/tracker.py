@@ -16,7 +16,7 @@ from rich.console import Console
 from rlhf_dyna.tracking.console import CONSOLE_KEYS, ConsoleSink
 
 WANDB_MODES: tuple[str, ...] = ("offline", "online", "disabled")
-WANDB_KEYS: frozenset[str] = frozenset({"wandb_mode", "project", "run_name", "console", "transition_trace", "trace_syncs"})
+WANDB_KEYS: frozenset[str] = frozenset({"wandb_mode", "project", "run_name", "console", "transition_trace", "trace_syncs", "sample_log"})
 METRICS_FILE = "metrics.jsonl"
 
 

@@ -62,6 +62,7 @@ class TrainEngine:
         trainable: bool = True,
         loss_mask_key: str = "response_mask",
         zero: int = 3,
+        materialize: Callable[[nn.Module], object] | None = None,
     ) -> None:
         self.mesh = mesh
         self.zero = zero  # ZeRO stage on FSDP2; see parallelize.apply_fsdp for what 1/2/3 mean here
@@ -73,6 +74,8 @@ class TrainEngine:
         if not trainable:
             model.requires_grad_(False)
         self.model = parallelize(model, mesh, precision, zero)
+        # a model built on the meta device gets its shards here, after the placements exist, before the optimizer
+        self.materialized = materialize(self.model) if materialize is not None else None
         self.optimizer = (
             torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay) if trainable else None
         )

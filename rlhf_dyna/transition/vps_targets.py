@@ -18,7 +18,7 @@ from rlhf_dyna.transition.movers import MoveStats
 from rlhf_dyna.transition.rollout_target import RolloutTarget
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
-from rlhf_dyna.vps.spec import ParallelSpec, Phase
+from rlhf_dyna.parallel_dims import rollout_spec
 from rlhf_dyna.vps.tensor import Kind
 
 
@@ -29,7 +29,7 @@ def move_to_rollout_target(hf_config: object, params: Mapping[str, Tensor], targ
     start, rank = time.perf_counter(), dist.get_rank()
     state = {(name, Kind.PARAM.value): p for name, p in params.items()}
     dtype = DTYPE_NAMES[next(iter(target.buffers.values())).dtype]
-    spec = ParallelSpec(Phase.ROLLOUT, tp=target.tp, vllm_dp=dist.get_world_size() // target.tp)
+    spec = rollout_spec(target.tp, dist.get_world_size() // target.tp)
     t = planned(train_catalog(hf_config, state), train_spec(state), catalog_from_config(hf_config, dtype), spec,
                 (Kind.PARAM,), budget_bytes, rank)
     want = {n: b.shape for n, b in t.dst.buffers(rank).items()}

@@ -73,3 +73,17 @@ class ParallelSpec:
         body = ",".join(f"{k}={v}" for k, v in parts.items() if v != 1 or k in ("zero",))
         order = ",tp_outer" if self.tp_outer else ""
         return f"{self.phase.value}[{body or 'single'}{order}]@{self.first_rank}"
+
+
+def train_spec(dp: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, master_weights: bool = False,
+               tp_outer: bool = False, first_rank: int = 0) -> ParallelSpec:
+    """The training state's layout between steps. zero=3 at every ZeRO stage: FSDP2's sharded parameter (the master shard
+    AdamW updates) and the optimizer state stay sharded; zero 1/2 only add gathered replicas, rebuilt after each step and
+    never moved."""
+    return ParallelSpec(Phase.TRAIN, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=3, master_weights=master_weights,
+                        tp_outer=tp_outer, first_rank=first_rank)
+
+
+def rollout_spec(tp: int, replicas: int, first_rank: int = 0) -> ParallelSpec:
+    """vLLM's layout: one engine with data_parallel_size=replicas, each replica a TP group of `tp` consecutive ranks."""
+    return ParallelSpec(Phase.ROLLOUT, tp=tp, vllm_dp=replicas, first_rank=first_rank)

@@ -28,6 +28,18 @@ CASES = [
     (["model.path=/nonexistent/ckpt"], "model.path=/nonexistent/ckpt is not a local HF checkpoint directory"),
     (["recipe=grpo_70b"], "needs 128 CUDA devices"),
     (["algorithm.name=dpo"], "algorithm.name='dpo' is not a valid choice; valid: grpo, ppo"),
+    (["rollout.n=0"], "rollout.n=0 is out of range; it must be an integer >= 1"),
+    (["algorithm.lr=-1"], "algorithm.lr=-1.0 is out of range; it must be > 0"),
+    (["task.prompts_per_step=0"], "task.prompts_per_step=0 is out of range"),
+    (["rollout.temperature=0"], "rollout.temperature=0 (greedy) with rollout.n=8 draws 8 identical samples"),
+    (["rollout.max_new_tokens=0"], "rollout.max_new_tokens=0 is out of range"),
+    (["algorithm.micro_batch_size=0"], "algorithm.micro_batch_size=0 is out of range"),
+    (["parallel.train.ep=2"], "parallel.train.ep=2 on a dense model"),
+    (["recipe=ppo_235b_moe", "model.path=null", "parallel.device=cpu", "parallel.world_size=8", "rollout.tp=4",
+      "parallel.train.tp=4", "parallel.nodes=1", "task.prompts_per_step=8"], "does not run live yet"),
+    (["parallel.world_size=4", "parallel.train.pp=2"], "parallel.train.pp=2 does not run live yet"),
+    (["rollout.n=1"], "GRPO's baseline is the mean reward of a prompt's group"),
+    (["algorithm.mini_batches=3"], "do not split into algorithm.mini_batches=3 x dp=2 equal shards"),
 ]
 
 
@@ -42,6 +54,12 @@ def test_bad_input_is_refused_before_spawning(args, expected, tmp_path):
     assert not list((tmp_path / "run").glob("rank*.log")), "a rank was spawned"
 
 
+def test_dry_run_still_plans_what_does_not_run_live(tmp_path):
+    proc = run_cli("dry_run=true", "parallel.world_size=4", "parallel.train.pp=2", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "transition(s) planned" in proc.stdout
+
+
 def test_wrong_type_is_refused(tmp_path):
     proc = run_cli("algorithm.lr=fast", tmp_path=tmp_path)
     assert proc.returncode != 0
@@ -53,5 +71,5 @@ def test_help_lists_groups_and_recipes(tmp_path):
     assert proc.returncode == 0
     for group in ("model:", "parallel:", "algorithm:", "rollout:", "task:", "tracking:", "recipe:"):
         assert group in proc.stdout
-    for recipe in ("grpo_tiny", "ppo_tiny", "grpo_7b", "grpo_70b", "ppo_235b_moe"):
+    for recipe in ("grpo_tiny", "ppo_tiny", "grpo_file", "grpo_7b", "grpo_70b", "ppo_235b_moe"):
         assert recipe in proc.stdout

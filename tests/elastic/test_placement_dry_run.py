@@ -27,7 +27,7 @@ def test_dry_run_plans_placement_changes(case, tmp_path):
         assert row["bytes_moved"] == row["bytes_min"] > 0 and row["predicted_s"] > 0 and row["rounds"] >= 1
     sync = rows[0]
     if case.startswith("grpo_70b"):  # split: training on ranks 64..127 feeds rollout on 0..63
-        assert sync["src"].endswith("@64") and sync["dst"].endswith("@0") and "dp=8" in sync["dst"]
+        assert sync["src"].endswith("@64") and sync["dst"].endswith("@0") and "vllm_dp=8" in sync["dst"]
     else:  # lend: the actor trains on ranks 0..63, the critic on 64..127, both come back onto all 128
         assert rows[2]["src"].endswith("@64") and "dp=32" in rows[2]["dst"]
     assert not list(tmp_path.glob("rank*.log")), "a dry run must not spawn ranks"

@@ -24,7 +24,7 @@ def test_colocate_puts_every_role_on_all_ranks_and_moves_nothing():
             assert p.slot(phase, role).spec.world_size == 8
     assert changes(p) == []
     sync = weight_sync(p)
-    assert (sync.src.dp, sync.src.tp, sync.dst.dp, sync.dst.tp) == (4, 2, 2, 4)
+    assert (sync.src.dp, sync.src.tp, sync.dst.vllm_dp, sync.dst.tp) == (4, 2, 2, 4)
     assert p.active[TRAIN_CRITIC] == (CRITIC,) and p.active[GENERATE] == (ROLLOUT,)
 
 

@@ -21,6 +21,10 @@ from rlhf_dyna.transition.sync import make_sync
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.vps_sync import VpsSync
 from rlhf_dyna.vps.cache import cached_plan
+from rlhf_dyna.parallel_dims import ParallelDims
+from rlhf_dyna.transition.bind_train import train_spec
+from rlhf_dyna.transition.bind_vllm import rollout_spec
+from rlhf_dyna.transition.relayout import bind_train_state
 from rlhf_dyna.vps.spec import ParallelSpec, Phase
 from tests.engines._common import nll_loss, random_batch, tiny_spec
 from tests.engines._dist import run_ranks
@@ -44,6 +48,9 @@ def _vps_vs_naive(rank: int, world: int, model_dir: str, arch: str, tie: bool, r
     rollout = VLLMRollout(model_dir, tp=rollout_tp, seed=0, max_model_len=64, kv_cache_bytes=16 << 20, block_size=32,
                           dtype="bfloat16" if precision == "bf16" else "float32")
     prompts = PROMPTS[rollout.dp_rank :: rollout.dp_size]
+    # the live binding and the dry run's config mapping (parallel_dims) name the same two layouts
+    live = (train_spec(bind_train_state(engine)), rollout_spec(rollout))
+    assert live == ParallelDims(world_size=world, dp=world, tp=1, rollout_tp=rollout_tp).train_to_rollout(), live
     recorder = TraceRecorder(rank)
     vps = VpsSync(budget_bytes=1 << 10, verify=True, recorder=recorder)  # small budget: several rounds
     rollout_dtype = "bfloat16" if precision == "bf16" else "float32"  # the plan moves destination bytes

@@ -1,0 +1,46 @@
+"""The one mapping from the config's parallel dimensions to VPS specs, shared by the dry run and the live run.
+
+`ParallelDims.from_config` validates every dimension once (dp fills the world when -1). The spec constructors
+(vps.spec.train_spec / rollout_spec) are the only places that build a training or rollout `ParallelSpec` from sizes:
+the dry run, the placements (elastic/) and the live binding (transition/bind_train, bind_vllm) all call them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import Config
+from .validate import resolve_dp
+from .vps.spec import ParallelSpec, rollout_spec, train_spec
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    world_size: int
+    dp: int
+    tp: int
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 3  # the engine's ZeRO stage (gathered replicas); the state's VPS layout is zero=3 (train_spec)
+    rollout_tp: int = 1
+    master_weights: bool = False  # low-precision params with an fp32 master copy (the dry run's cluster dtype)
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> ParallelDims:
+        t, world = cfg.parallel.train, cfg.parallel.world_size
+        return cls(world_size=world, dp=resolve_dp(t, world), tp=t.tp, pp=t.pp, cp=t.cp, ep=t.ep, zero=t.zero,
+                   rollout_tp=cfg.rollout.tp, master_weights=cfg.model.dtype != "float32")
+
+    @property
+    def rollout_replicas(self) -> int:
+        return self.world_size // self.rollout_tp
+
+    def train_spec(self, first_rank: int = 0) -> ParallelSpec:
+        return train_spec(self.dp, self.tp, self.pp, self.cp, self.ep, self.master_weights, first_rank=first_rank)
+
+    def rollout_spec(self, first_rank: int = 0) -> ParallelSpec:
+        return rollout_spec(self.rollout_tp, self.rollout_replicas, first_rank)
+
+    def train_to_rollout(self) -> tuple[ParallelSpec, ParallelSpec]:
+        """The per-step weight sync: the training layout -> vLLM's layout."""
+        return self.train_spec(), self.rollout_spec()

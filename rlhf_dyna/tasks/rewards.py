@@ -1,0 +1,158 @@
+"""Reward functions over a batch, TRL's convention: `fn(prompts, completions, **columns) -> list[float]`.
+
+Built in: `math` (final answer compared by value, through math-verify) and `exact` (stripped string equality);
+both read the ground truth from the column named by `task.answer_key`. Custom: `my_pkg.my_module:my_fn`,
+imported with the working directory on sys.path. Several combine as a weighted sum; each is reported by name.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+RewardFn = Callable[..., list[float]]
+
+_GSM8K = re.compile(r"####\s*([^\n]+)")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+
+
+class RewardError(ValueError):
+    pass
+
+
+def final_answer(text: str) -> str | None:
+    """The completion's final answer as text: GSM8K `#### N`, else the last `\\boxed{}`, else the last number."""
+    gsm = _GSM8K.findall(text)
+    if gsm:
+        return gsm[-1].strip()
+    if "\\boxed" in text:
+        return text  # math-verify extracts the last \boxed{} itself
+    numbers = _NUMBER.findall(text)
+    return numbers[-1].replace(",", "") if numbers else None
+
+
+def _as_math(text: str) -> list:
+    from math_verify import parse  # deferred: the toy tasks never need it
+
+    if "\\boxed" in text or "$" in text:
+        return parse(text)
+    return parse(f"${text}$")  # a bare value ("0.5", "1/2", "42") read as LaTeX math
+
+
+def math_equal(completion: str, truth: str) -> bool:
+    """True when the completion's final answer equals the ground truth (a value, GSM8K answer or LaTeX) by value."""
+    from math_verify import verify
+
+    answer = final_answer(completion)
+    if answer is None:
+        return False
+    gold_text = final_answer(truth) or truth
+    gold, guess = _as_math(gold_text), _as_math(answer)
+    return bool(gold) and bool(guess) and bool(verify(gold, guess))
+
+
+def math_reward(prompts: Sequence, completions: Sequence[str], answer_key: str = "answer", **columns: Any) -> list[float]:
+    return [float(math_equal(c, str(t))) for c, t in zip(completions, columns[answer_key])]
+
+
+def exact_reward(prompts: Sequence, completions: Sequence[str], answer_key: str = "answer", **columns: Any) -> list[float]:
+    return [float(c.strip() == str(t).strip()) for c, t in zip(completions, columns[answer_key])]
+
+
+BUILT_IN: dict[str, RewardFn] = {"math": math_reward, "exact": exact_reward}
+
+
+def import_reward(path: str) -> RewardFn:
+    """`module.path:function`, importable from the working directory."""
+    module_name, sep, fn_name = path.partition(":")
+    if not sep or not module_name or not fn_name:
+        raise RewardError(
+            f"task.reward={path!r} is neither a built-in reward ({', '.join(BUILT_IN)}) nor a 'module:function' path; "
+            "write e.g. task.reward=my_rewards:format_reward for my_rewards.py in the working directory."
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # user reward modules live next to where the run starts
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:
+        raise RewardError(
+            f"task.reward={path!r}: module {module_name!r} does not import ({type(err).__name__}: {err}); it must be "
+            f"importable from the working directory {os.getcwd()} or the Python path."
+        ) from err
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise RewardError(
+            f"task.reward={path!r}: module {module_name!r} ({getattr(module, '__file__', '?')}) has no function "
+            f"{fn_name!r}; define `def {fn_name}(prompts, completions, **columns) -> list[float]` there."
+        )
+    return fn
+
+
+def reward_names(reward: Any) -> list[str]:
+    """task.reward as a list of names: one string, or a list of them."""
+    if reward is None:
+        return []
+    return [reward] if isinstance(reward, str) else [str(r) for r in reward]
+
+
+def short_name(name: str) -> str:
+    """The name a reward is logged under: `math`, or the function name of `pkg.mod:fn`."""
+    return name.rpartition(":")[2] or name
+
+
+@dataclass
+class RewardSet:
+    """The weighted sum of several reward functions, each checked on every call."""
+
+    names: list[str]
+    fns: list[RewardFn]
+    weights: list[float]
+
+    def score(self, prompts: Sequence, completions: Sequence[str], columns: dict[str, list]) -> tuple[list[float], dict[str, list[float]]]:
+        """Weighted total per completion, and each function's own values by short name."""
+        parts: dict[str, list[float]] = {}
+        for name, fn in zip(self.names, self.fns):
+            parts[short_name(name)] = checked(name, fn(list(prompts), list(completions), **columns), len(completions))
+        totals = [sum(w * values[i] for w, values in zip(self.weights, parts.values())) for i in range(len(completions))]
+        return totals, parts
+
+
+def checked(name: str, values: Any, expected: int) -> list[float]:
+    """The reward values as floats, or a clear error naming the reward and the sample that is wrong."""
+    try:
+        values = [float(v) for v in values]
+    except (TypeError, ValueError) as err:
+        raise RewardError(f"reward {name!r} must return a list of {expected} numbers, one per completion; got {values!r:.200} ({err}).") from err
+    if len(values) != expected:
+        raise RewardError(
+            f"reward {name!r} returned {len(values)} values for {expected} completions; it must return one float per "
+            "completion, in the order of `completions`."
+        )
+    for i, v in enumerate(values):
+        if math.isnan(v) or math.isinf(v):
+            raise RewardError(f"reward {name!r} returned {v} for sample index {i} of the batch; rewards must be finite numbers.")
+    return values
+
+
+def build_rewards(reward: Any, weights: Sequence[float] | None, answer_key: str) -> RewardSet:
+    """task.reward (a name or a list) and task.reward_weights (empty = 1.0 each) as a RewardSet."""
+    names = reward_names(reward)
+    if not names:
+        raise RewardError(f"task.reward is empty; use one of {', '.join(BUILT_IN)}, a 'module:function' path, or a list of them.")
+    weights = list(weights or [1.0] * len(names))
+    if len(weights) != len(names):
+        raise RewardError(
+            f"task.reward_weights has {len(weights)} values for {len(names)} rewards {names}; give one weight per reward "
+            "(or none, for 1.0 each)."
+        )
+    shorts = [short_name(n) for n in names]
+    if len(set(shorts)) != len(shorts):
+        raise RewardError(f"task.reward names {names} repeat a name ({shorts}); each reward is logged by its name, so use distinct functions.")
+    fns = [functools.partial(BUILT_IN[n], answer_key=answer_key) if n in BUILT_IN else import_reward(n) for n in names]
+    return RewardSet(names, fns, [float(w) for w in weights])
