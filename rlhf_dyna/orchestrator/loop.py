@@ -18,6 +18,7 @@ from ..rollout.vllm_engine import VLLMRollout
 from ..tasks.base import Example
 from ..tasks.hf_tokenizer import build_tokenizer
 from ..tracking.sample_log import log_samples
+from ..tracking.timeline import TIMELINE_FILE, record_step_phases, write_timeline_png
 from ..tracking.tracker import Tracker
 from ..transition.relayout import LayoutSwitch, layout_of, relayout, switch_at
 from ..transition.sync import make_sync
@@ -153,8 +154,11 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
             layout = switch_at(schedule, step) if step > start + 1 or start == 0 else resumed_switch(schedule, start)
             if layout is not None:
                 ctx, (actor, critic, ref), switch = change_layout(ctx, layout, actor, critic, ref, recorder=recorder)
+            step_start = time.time()
             metrics = {**switch, **rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync,
                                            out_dir if tracker else None)}
+            if recorder is not None:  # the phases this rank served, for the timeline
+                record_step_phases(recorder, step, step_start, metrics)
             if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
                 metrics.update(evaluate(cfg, rollout, task, tokenizer, ctx))
             if tracker:
@@ -167,6 +171,7 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
             events = gather_trace(recorder)
             if ctx.rank == 0:
                 write_chrome_trace(events, out_dir / TRACE_FILE)
+                write_timeline_png(events, out_dir / TIMELINE_FILE, title=f"{cfg.recipe}: phases and transitions")
     finally:
         if tracker:
             tracker.close()
@@ -190,8 +195,11 @@ def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, s
 
     t2 = time.perf_counter()
     actor_metrics = train_on(actor, batch, actor_loss(cfg.algorithm, cfg.rollout.temperature), cfg.algorithm)
+    timings["timing_s/train_actor"] = time.perf_counter() - t2
     critic_metrics = train_on(critic, batch, critic_loss(cfg.algorithm), cfg.algorithm) if critic else {}
     timings["timing_s/train"] = time.perf_counter() - t2
+    if critic:
+        timings["timing_s/train_critic"] = timings["timing_s/train"] - timings["timing_s/train_actor"]
 
     stats = sync.sync(actor, rollout)
     timings["timing_s/weight_sync"] = stats.seconds

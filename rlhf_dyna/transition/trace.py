@@ -64,7 +64,8 @@ def chrome_trace(events: Iterable[TraceEvent]) -> dict[str, list[dict[str, objec
         trace.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
     for e in events:
         trace.append({
-            "name": e.name, "cat": "transition", "ph": "X", "pid": e.rank, "tid": 0,
+            "name": e.name, "cat": "phase" if e.name.startswith("phase/") else "transition",  # phases: the timeline
+            "ph": "X", "pid": e.rank, "tid": 0,
             "ts": (e.start_s - origin) * 1e6, "dur": e.duration_s * 1e6, "args": {"round": e.round, **e.args},
         })
     return {"traceEvents": trace, "displayTimeUnit": "ms"}

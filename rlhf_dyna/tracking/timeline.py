@@ -1,0 +1,68 @@
+"""Timeline of a run: per rank, the phases and roles it served (generate / prepare / train actor / train critic)
+next to the transitions' rounds, as events of the run's Chrome trace and as `timeline.png`.
+
+The loop times its phases one after another (`timing_s/<phase>` of a step); `record_step_phases` turns one
+step's timings back into events on the trace recorder, so the loop needs no extra timing code.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+PHASE_PREFIX = "phase/"
+TIMELINE_FILE = "timeline.png"
+# phase timed by the loop -> (event name, roles it serves); in the order the loop runs them
+STEP_PHASES = (
+    ("timing_s/gen", "generate", "rollout"),
+    ("timing_s/prepare", "prepare", "actor, reference, critic"),
+    ("timing_s/train_actor", "train_actor", "actor"),
+    ("timing_s/train_critic", "train_critic", "critic"),
+)
+COLORS = {"generate": "tab:green", "prepare": "tab:orange", "train_actor": "tab:blue", "train_critic": "tab:purple"}
+TRANSITION_COLOR = "tab:red"
+
+
+def record_step_phases(recorder, step: int, start_s: float, timings: Mapping[str, float]) -> None:
+    """Adds one event per phase of a step that started at `start_s` (time.time()), phases back to back."""
+    t = start_s
+    for key, phase, roles in STEP_PHASES:
+        if key in timings:
+            recorder.add(PHASE_PREFIX + phase, 0, t, timings[key], {"step": step, "roles": roles})
+            t += timings[key]
+
+
+def is_phase(name: str) -> bool:
+    return name.startswith(PHASE_PREFIX)
+
+
+def write_timeline_png(events: Iterable, path: str | Path, title: str = "rlhf_dyna timeline") -> Path:
+    """One row per rank: phases as coloured bars, transition rounds in red on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on ranks or CI
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    events = list(events)
+    origin = min((e.start_s for e in events), default=0.0)
+    ranks = sorted({e.rank for e in events})
+    fig, ax = plt.subplots(figsize=(12, 1.8 + 0.6 * max(len(ranks), 1)))
+    for row, rank in enumerate(ranks):
+        mine = [e for e in events if e.rank == rank]
+        for e in mine:
+            if is_phase(e.name):
+                phase = e.name[len(PHASE_PREFIX):]
+                ax.broken_barh([(e.start_s - origin, e.duration_s)], (row - 0.4, 0.8), color=COLORS.get(phase, "grey"))
+        transitions = [(e.start_s - origin, e.duration_s) for e in mine if not is_phase(e.name)]
+        ax.broken_barh(transitions, (row - 0.15, 0.3), color=TRANSITION_COLOR)
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.set_xlabel("seconds since the first event")
+    ax.set_title(title)
+    legend = [Patch(color=c, label=p.replace("_", " ")) for p, c in COLORS.items()]
+    ax.legend(handles=[*legend, Patch(color=TRANSITION_COLOR, label="transition")], loc="upper center", ncol=5,
+              fontsize="small", bbox_to_anchor=(0.5, -0.25))
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

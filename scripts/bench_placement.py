@@ -1,0 +1,204 @@
+"""Placement benchmark: each phase of the same PPO and GRPO workloads timed on rank sets of 1, 2 and 4 ranks
+(colocate runs with parallel.world_size=1, 2, 4, one at a time, read from metrics.jsonl), fitted per phase
+(serial + parallel / n), then the simulation of colocate / split / lend for ppo_tiny scaled to 8 GPUs and
+grpo_70b on 128 GPUs, with transition times from the VPS cost model. Writes docs/bench/bench_placement.json
+and docs/bench/bench_placement.png.
+
+    python scripts/bench_placement.py --algos ppo     # measure (about 10 min on 2 cores) and simulate
+    python scripts/bench_placement.py --simulate-only # re-simulate from the committed JSON's measurements
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rlhf_dyna.elastic.placement import ACTOR, CRITIC, ROLLOUT
+from rlhf_dyna.elastic.policies import PolicyRequest, TrainLayout
+from rlhf_dyna.elastic.simulate import PhaseModel, Workload, fit_phase, predict_policies, transition_seconds
+from rlhf_dyna.models.catalog import catalog_from_config
+from rlhf_dyna.models.hf_config import hf_config_from_fields
+from rlhf_dyna.vps.cost import Cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "bench"
+# a llama of ~56M parameters (head_dim 64 for vLLM's CPU attention)
+MODEL = dict(hidden_size=768, num_hidden_layers=8, num_attention_heads=12, num_key_value_heads=4,
+             intermediate_size=2048)
+RECIPES = {"ppo": "ppo_tiny", "grpo": "grpo_tiny"}
+PHASE_KEYS = {"generate": "timing_s/gen", "prepare": "timing_s/prepare", "train_actor": "timing_s/train_actor",
+              "train_critic": "timing_s/train_critic", "weight_sync": "timing_s/weight_sync", "step": "timing_s/step"}
+# grpo_70b: Llama-3-70B vs the bench model, per-step tokens of the recipe vs the bench's; an H100 vs one CPU rank
+GPU_SPEEDUP = 2000.0  # ~400 TFLOP/s achieved bf16 on an H100 vs ~0.2 TFLOP/s fp32 on one CPU core
+
+
+def measure(algo: str, world: int, steps: int, prompts: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="bench_placement_") as tmp:
+        args = [sys.executable, "-m", "rlhf_dyna", f"recipe={RECIPES[algo]}", f"parallel.world_size={world}",
+                *(f"model.{k}={v}" for k, v in MODEL.items()), f"trainer.total_steps={steps}",
+                "trainer.sft_warmup_steps=0", "task.eval_every=100000", "task.eval_size=16",
+                f"task.prompts_per_step={prompts}", "tracking.wandb_mode=disabled", "tracking.console=false",
+                "tracking.transition_trace=false", f"hydra.run.dir={tmp}"]
+        t0 = time.perf_counter()
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=1500, cwd=ROOT)
+        if proc.returncode:
+            raise SystemExit(f"{algo} on {world} ranks failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "timing_s/step" in r][1:]  # the first step warms vLLM and the optimizer up
+    out = {name: statistics.median(r[key] for r in rows) for name, key in PHASE_KEYS.items() if key in rows[0]}
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def workload(name: str, per_n: dict[int, dict[str, float]], scale: float = 1.0) -> Workload:
+    def fit(phase: str) -> PhaseModel:
+        if phase not in per_n[min(per_n)]:
+            return PhaseModel(0.0, 0.0)
+        m = fit_phase({n: t[phase] for n, t in per_n.items()})
+        return PhaseModel(m.serial_s * scale, m.parallel_s * scale)
+    return Workload(name, fit("generate"), fit("prepare"), fit("train_actor"), fit("train_critic"))
+
+
+def bench_catalog():
+    hf = hf_config_from_fields("llama", 32, MODEL["hidden_size"], MODEL["intermediate_size"],
+                               MODEL["num_hidden_layers"], MODEL["num_attention_heads"], MODEL["num_key_value_heads"],
+                               None, False, 0, 0, 0)
+    return catalog_from_config(hf, param_dtype="float32")
+
+
+def llama70b_catalog():
+    hf = hf_config_from_fields("llama", 128256, 8192, 28672, 80, 64, 8, None, False, 0, 0, 0)
+    return catalog_from_config(hf, param_dtype="bfloat16")
+
+
+def simulate(measured: dict) -> dict:
+    per = {algo: {int(n): t for n, t in runs.items()} for algo, runs in measured.items() if not algo.startswith("_")}
+    tiny = workload("ppo (bench model) on 8 GPUs", per["ppo"])
+    cluster8 = Cluster(1, 8, 360.0, 25.0)
+    base8 = PolicyRequest("colocate", 8, (ACTOR, CRITIC, ROLLOUT), TrainLayout(master_weights=False))
+    cat = bench_catalog()
+    ppo8 = predict_policies(tiny, base8, lambda r: transition_seconds(r, cat, cluster8))
+    # grpo_70b: the measured GRPO phase models times (params x tokens ratio) / GPU speedup
+    bench_params = sum(math.prod(t.shape) for t in cat.tensors)
+    big = llama70b_catalog()
+    tokens_ratio = (16 * 8 * 2048) / (measured_prompts(measured) * 8 * 6)  # prompts x n x new tokens per step
+    scale = (sum(math.prod(t.shape) for t in big.tensors) / bench_params) * tokens_ratio / GPU_SPEEDUP
+    grpo = workload("grpo_70b on 128 GPUs", per.get("grpo", per["ppo"]), scale)  # train_critic unused by GRPO
+    grpo = Workload(grpo.name, grpo.generate, grpo.prepare, grpo.train_actor)
+    cluster128 = Cluster(16, 8, 360.0, 25.0)
+    base128 = PolicyRequest("colocate", 128, (ACTOR, ROLLOUT), TrainLayout(tp=8, master_weights=True), rollout_tp=8)
+    grpo128 = predict_policies(grpo, base128, lambda r: transition_seconds(r, big, cluster128))
+    return {"ppo_tiny_8gpu": [pred_row(p) for p in ppo8], "grpo_70b_128gpu": [pred_row(p) for p in grpo128],
+            "grpo_70b_scale": scale, "gpu_speedup": GPU_SPEEDUP}
+
+
+def measured_prompts(measured: dict) -> int:
+    return int(measured.get("_prompts_per_step", 16))
+
+
+def pred_row(p) -> dict:
+    return dict(policy=p.policy + (f" (staleness {p.staleness})" if p.policy == "split" else ""),
+                step_s=round(p.step_s, 6), transition_s=round(p.transition_s, 6), sets=p.sets,
+                phases_s={k: round(v, 6) for k, v in p.phases_s.items()})
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("measured", None), ("ppo_tiny_8gpu", "ppo (bench model), 8 GPUs"), ("grpo_70b_128gpu", "grpo_70b, 128 GPUs")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    phases = ("generate", "prepare", "train_actor", "train_critic")
+    for ax, (key, title) in zip(axes, panels):
+        if key == "measured":
+            labels, rows = [], []
+            for algo, runs in result["measured"].items():
+                if algo.startswith("_"):
+                    continue
+                for n, t in sorted(runs.items(), key=lambda kv: int(kv[0])):
+                    labels.append(f"{algo} n={n}")
+                    rows.append([t.get(p, 0.0) for p in phases] + [t.get("weight_sync", 0.0)])
+            title, bars = "measured per phase (colocate, this machine)", phases + ("weight_sync",)
+        else:
+            labels = [r["policy"] for r in result["simulation"][key]]
+            rows = [[r["phases_s"][p] for p in phases] + [r["transition_s"]] for r in result["simulation"][key]]
+            bars = phases + ("transitions",)
+        bottom = [0.0] * len(rows)
+        for i, name in enumerate(bars):
+            vals = [r[i] for r in rows]
+            ax.bar(labels, vals, bottom=bottom, label=name)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        if key != "measured":  # the predicted step: phases that overlap (split staleness 1, lend) count once
+            ax.scatter(labels, [r["step_s"] for r in result["simulation"][key]], color="black", marker="_", s=900,
+                       label="predicted step", zorder=3)
+            ax.legend(fontsize="small")
+        ax.set_title(title, fontsize="medium")
+        ax.set_ylabel("seconds (phases stacked; overlap not shown)")
+        ax.tick_params(axis="x", rotation=30, labelsize="small")
+    axes[0].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--ranks", default="1,2,4")
+    ap.add_argument("--algos", default="ppo,grpo", help="ppo alone: GRPO's phases are taken from PPO's runs")
+    ap.add_argument("--simulate-only", action="store_true")
+    ap.add_argument("--merge", action="store_true", help="re-measure --ranks into the existing JSON, keep the rest")
+    args = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / "bench_placement.json"
+    if args.simulate_only:
+        result = json.loads(path.read_text())
+    else:
+        old = json.loads(path.read_text())["measured"] if args.merge else {}
+        measured: dict = {**old, "_prompts_per_step": args.prompts}
+        for algo in args.algos.split(","):
+            measured.setdefault(algo, {})
+            for n in map(int, args.ranks.split(",")):
+                measured[algo][str(n)] = measure(algo, n, args.steps, args.prompts)
+                print(f"{algo} n={n}: {measured[algo][str(n)]}", flush=True)
+        result = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                      machine=f"{platform.node()} ({platform.processor() or platform.machine()}, 2 CPU cores shared)",
+                      model=dict(MODEL, params=sum(math.prod(t.shape) for t in bench_catalog().tensors)), measured=measured)
+    result["simulation"] = simulate(result["measured"])
+    path.write_text(json.dumps(result, indent=2))
+    plot(result, OUT / "bench_placement.png")
+    for key in ("ppo_tiny_8gpu", "grpo_70b_128gpu"):
+        print(key)
+        for r in result["simulation"][key]:
+            print(f"  {r['policy']:<22} step {r['step_s']:.4f} s  transitions {r['transition_s']:.4f} s  {r['sets']}")
+    print(markdown(result))
+    print(f"wrote {path}")
+
+
+def markdown(result: dict) -> str:
+    """The README's tables, from the JSON."""
+    lines = ["| ranks | generate s | prepare s | train actor s | train critic s | weight sync s | step s |",
+             "|---|---|---|---|---|---|---|"]
+    for n, t in sorted(result["measured"]["ppo"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"| {n} | {t['generate']:.2f} | {t['prepare']:.2f} | {t['train_actor']:.2f} | "
+                     f"{t['train_critic']:.2f} | {t['weight_sync']:.2f} | {t['step']:.2f} |")
+    for key in ("ppo_tiny_8gpu", "grpo_70b_128gpu"):
+        lines += ["", f"{key}:", "", "| policy | sets | step s | transitions s |", "|---|---|---|---|"]
+        for r in result["simulation"][key]:
+            sets = ", ".join(f"{k} {v}" for k, v in r["sets"].items())
+            lines.append(f"| {r['policy']} | {sets} | {r['step_s']:.3f} | {r['transition_s']:.4f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
