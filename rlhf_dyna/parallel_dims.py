@@ -21,14 +21,13 @@ class ParallelDims:
     pp: int = 1
     cp: int = 1
     ep: int = 1
-    zero: int = 3  # the engine's ZeRO stage (gathered replicas); the state's VPS layout is zero=3 (train_spec)
     rollout_tp: int = 1
     master_weights: bool = False  # low-precision params with an fp32 master copy (the dry run's cluster dtype)
 
     @classmethod
     def from_config(cls, cfg: Config) -> ParallelDims:
         t, world = cfg.parallel.train, cfg.parallel.world_size
-        return cls(world_size=world, dp=resolve_dp(t, world), tp=t.tp, pp=t.pp, cp=t.cp, ep=t.ep, zero=t.zero,
+        return cls(world_size=world, dp=resolve_dp(t, world), tp=t.tp, pp=t.pp, cp=t.cp, ep=t.ep,
                    rollout_tp=cfg.rollout.tp, master_weights=cfg.model.dtype != "float32")
 
     @property

@@ -23,7 +23,7 @@ from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.vps.layout import Layout, build_layout
 from rlhf_dyna.vps.layout_types import Buffer
 from rlhf_dyna.vps.model import ModelCatalog
-from rlhf_dyna import parallel_dims
+from rlhf_dyna.vps import spec as vps_spec
 from rlhf_dyna.vps.spec import ParallelSpec
 from rlhf_dyna.vps.tensor import Kind
 
@@ -64,7 +64,7 @@ def _order_of(mesh: DeviceMesh) -> tuple[int, int, bool, int]:
 
 def train_spec(state: Mapping[StateKey, Tensor]) -> ParallelSpec:
     dp, tp, tp_outer, first_rank = mesh_order(state)
-    return parallel_dims.train_spec(dp, tp, tp_outer=tp_outer, first_rank=first_rank)
+    return vps_spec.train_spec(dp, tp, tp_outer=tp_outer, first_rank=first_rank)
 
 
 def state_kinds(state: Mapping[StateKey, Tensor]) -> tuple[Kind, ...]:

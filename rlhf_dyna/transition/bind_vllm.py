@@ -22,13 +22,13 @@ from torch import Tensor, nn
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
 from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.vps.layout import Layout
-from rlhf_dyna import parallel_dims
+from rlhf_dyna.vps import spec as vps_spec
 from rlhf_dyna.vps.spec import ParallelSpec
 
 
 def rollout_spec(rollout: VLLMRollout) -> ParallelSpec:
     """Our VLLMRollout runs one vLLM with data_parallel_size = world / tp: consecutive ranks form TP groups."""
-    return parallel_dims.rollout_spec(rollout.tp, rollout.dp_size)
+    return vps_spec.rollout_spec(rollout.tp, rollout.dp_size)
 
 
 def rollout_dtype(rollout: VLLMRollout) -> str:

@@ -18,7 +18,7 @@ from rlhf_dyna.transition.movers import MoveStats
 from rlhf_dyna.transition.rollout_target import RolloutTarget
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
-from rlhf_dyna.parallel_dims import rollout_spec
+from rlhf_dyna.vps.spec import rollout_spec
 from rlhf_dyna.vps.tensor import Kind
 
 
