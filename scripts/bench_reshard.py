@@ -41,15 +41,15 @@ from torch import Tensor
 from bench_report import same_fingerprint, summarize, write_report
 from rlhf_dyna.models.build import ModelSpec, make_hf_config
 from rlhf_dyna.train.engine import TrainEngine
-from rlhf_dyna.transition import baselines
+from bench import baselines
 from rlhf_dyna.transition.bind_train import buffer_name
-from rlhf_dyna.transition.measure import PeakExtraMemory, copy_bandwidth, p2p_bandwidth
+from bench.measure import PeakExtraMemory, copy_bandwidth, p2p_bandwidth
 from rlhf_dyna.transition.movers import MoveStats, local_of, move_by_full_tensors
 from rlhf_dyna.transition.relayout import (MeshCache, TrainLayout, allocate_optimizer_state, bind_train_state,
                                            empty_engine_like, meta_skeleton)
-from rlhf_dyna.transition.rollout_target import RolloutTarget
+from bench.rollout_target import RolloutTarget
 from rlhf_dyna.transition.vps_mover import least_moving_layout, make_vps_mover, planned_relayout
-from rlhf_dyna.transition.vps_targets import move_to_rollout_target
+from bench.vps_targets import move_to_rollout_target
 
 # VPS (planner + executor) moves the same state into the same target: `vps_cold` once, planning included, then `vps`
 # VPS_REPEATS times with the cached plan, as every transition after a run's first does, each right after its own
@@ -367,7 +367,7 @@ def main() -> None:
     bw_bytes = (8 if args.quick else args.bw_mib) * 2**20
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "transformers", "rlhf_dyna.transition.baselines"])
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "transformers", "bench.baselines"])
     params = {s: count_params(SIZES[s]) for s in sizes}
     rows: list[dict] = []
     for size in sizes:

@@ -15,7 +15,7 @@ from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.transition.bind_train import DTYPE_NAMES, bind_train_buffers, train_catalog, train_spec
 from rlhf_dyna.transition.executor import execute
 from rlhf_dyna.transition.movers import MoveStats
-from rlhf_dyna.transition.rollout_target import RolloutTarget
+from bench.rollout_target import RolloutTarget
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
 from rlhf_dyna.vps.spec import rollout_spec
