@@ -9,8 +9,10 @@ next one is on the wire, so staging never holds the whole shard.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
+from torch import Tensor
 import torch.distributed as dist
 
 from rlhf_dyna.models.catalog import catalog_from_config
@@ -40,6 +42,7 @@ class VpsSync(WeightSync):
         self.overlap_install = overlap_install  # install a group on a worker thread while the next one is received
         self.last: ExecStats | None = None  # this rank's executor stats of the latest sync (summed over its groups)
         self.phases: dict[str, float] = {}  # seconds of the latest sync: plan, move (+ install when overlapped), install
+        self.on_staged: Callable[[dict[str, Tensor]], None] | None = None  # sees each staged group before its install
 
     def sync(self, train_engine: TrainEngine, rollout: VLLMRollout) -> SyncStats:
         start, rank = time.perf_counter(), dist.get_rank()
@@ -91,6 +94,8 @@ class VpsSync(WeightSync):
                 stats.append(self._execute(t, src, staged))
                 alive = alive[-1:] + [sum(b.numel() * b.element_size() for b in staged.values())]
                 peak_staged = max(peak_staged, sum(alive) if self.overlap_install else alive[-1])
+                if self.on_staged is not None:
+                    self.on_staged(staged)
                 installer.submit(staged)
                 del staged
         self._install_work = installer.install_seconds

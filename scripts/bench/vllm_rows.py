@@ -1,0 +1,127 @@
+"""Rows of scripts/bench_reshard.py into a real in-rank vLLM engine (CPU, external_launcher, tp x vllm_dp over the
+world): `naive` (rlhf_dyna.transition.sync.NaiveSync) and `vps` (VpsSync), end to end with vLLM's install, each
+checked by greedy tokens afterwards (vps must give naive's tokens, and both must differ from the engine's dummy
+weights before any sync).
+
+Floor of a run = wire + repack: the plan's own pair matrix replayed right before the run (bench.measure.
+pattern_seconds), plus vLLM's own install of this rank's shard from local memory (the same staged tensors, no
+wire), measured once in the same engine. Peak extra memory: resident memory above the level at the sync's start.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from math import prod
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from bench.measure import PeakExtraMemory, pattern_seconds
+from rlhf_dyna.models.catalog import catalog_from_config
+from rlhf_dyna.rollout.vllm_engine import VLLMRollout
+from rlhf_dyna.train.engine import TrainEngine
+from rlhf_dyna.transition.bind_train import train_catalog, train_spec
+from rlhf_dyna.transition.bind_vllm import VllmDestination, rollout_dtype, rollout_spec
+from rlhf_dyna.transition.relayout import bind_train_state
+from rlhf_dyna.transition.sync import NaiveSync, WeightSync
+from rlhf_dyna.transition.vllm_install import LayerwiseInstaller
+from rlhf_dyna.transition.vps_plans import planned
+from rlhf_dyna.transition.vps_sync import VpsSync
+from rlhf_dyna.vps.tensor import Kind
+
+TRANSITION = "train_to_vllm"
+PROMPTS = [[(7 * i + 3) % 97 + 1 for i in range(12)], [5, 9, 3, 44], [17, 2, 44, 8, 30], [60, 1, 7, 7]]
+
+
+def _greedy(rollout: VLLMRollout) -> list[list[int]]:
+    prompts = PROMPTS[rollout.dp_rank::rollout.dp_size]  # TP peers pass the same prompts
+    return [s[0].token_ids for s in rollout.generate(prompts, temperature=0.0, max_tokens=8)]
+
+
+def _pair_bytes(engine: TrainEngine, rollout: VLLMRollout, budget_bytes: int):
+    params = {k: t for k, t in bind_train_state(engine).items() if k[1] == Kind.PARAM.value}
+    config = engine.model.config
+    t = planned(train_catalog(config, params), train_spec(params), catalog_from_config(config, rollout_dtype(rollout)),
+                rollout_spec(rollout), (Kind.PARAM,), budget_bytes, dist.get_rank())
+    return t.schedule.plan.pair_bytes()
+
+
+def _timed(sync: WeightSync, engine: TrainEngine, rollout: VLLMRollout) -> tuple[float, int, int, int]:
+    dist.barrier()
+    with PeakExtraMemory() as memory:
+        stats = sync.sync(engine, rollout)
+    seconds = torch.tensor([stats.seconds], dtype=torch.float64)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank sets the end
+    return float(seconds), stats.bytes_moved, stats.rounds, max(memory.peak_extra_bytes, stats.peak_extra_bytes)
+
+
+def repack_seconds(vps: VpsSync, engine: TrainEngine, rollout: VLLMRollout) -> float:
+    """vLLM's install of this rank's shard from local memory: capture the staged groups of one (untimed) sync, then
+    install exactly those tensors again with no wire, group after group (slowest rank)."""
+    captured: list[dict] = []
+    vps.on_staged = captured.append
+    vps.sync(engine, rollout)
+    vps.on_staged = None
+    destination = VllmDestination(rollout, _layout_of(engine, rollout, vps.budget_bytes), dist.get_rank())
+    dist.barrier()
+    start = time.perf_counter()
+    with LayerwiseInstaller(destination.model, rollout.llm.llm_engine.vllm_config, destination.aliases,
+                            overlap=False) as installer:
+        for staged in captured:
+            installer.submit(staged)
+    rollout.reset_prefix_cache()
+    seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    return float(seconds)
+
+
+def _layout_of(engine: TrainEngine, rollout: VLLMRollout, budget_bytes: int):
+    params = {k: t for k, t in bind_train_state(engine).items() if k[1] == Kind.PARAM.value}
+    config = engine.model.config
+    return planned(train_catalog(config, params), train_spec(params), catalog_from_config(config, rollout_dtype(rollout)),
+                   rollout_spec(rollout), (Kind.PARAM,), budget_bytes, dist.get_rank()).dst
+
+
+def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int) -> tuple[list[dict], dict, VLLMRollout]:
+    """naive once, vps_cold once, vps `repeats` times each after its paired wire probe; then the repack probe and the
+    greedy checks. Records in the shape bench_report.summarize reads; floor info: pair matrix bytes and repack.
+    The engine is returned alive: its shutdown destroys the default process group, so the caller gathers first."""
+    if dist.get_rank() == 0:
+        engine.model.config.save_pretrained(model_dir)  # vLLM starts from dummy weights: only the config is needed
+    dist.barrier()
+    rollout = VLLMRollout(model_dir, tp=tp, seed=0, max_model_len=64, kv_cache_bytes=16 << 20, dtype="float32",
+                          load_format="dummy", block_size=32)
+    before = _greedy(rollout)
+    records = []
+    seconds, moved, rounds, peak = _timed(NaiveSync(), engine, rollout)
+    reference = _greedy(rollout)
+    records.append(_record("naive", [seconds], [], moved, rounds, peak, reference != before))
+    vps = VpsSync()
+    seconds, moved, rounds, peak = _timed(vps, engine, rollout)
+    records.append(_record("vps_cold", [seconds], [], moved, rounds, peak, _greedy(rollout) == reference))
+    pairs = _pair_bytes(engine, rollout, vps.budget_bytes)
+    runs, floors, peaks, correct = [], [], [], True
+    for _ in range(repeats):
+        floors.append(pattern_seconds(pairs))
+        seconds, moved, rounds, peak = _timed(vps, engine, rollout)
+        runs.append(seconds)
+        peaks.append(peak)
+        correct = correct and _greedy(rollout) == reference
+    repack = repack_seconds(vps, engine, rollout)
+    repack_correct = _greedy(rollout) == reference  # the captured tensors were vps's values: same tokens again
+    records.append(_record("vps", runs, floors, moved, rounds, max(peaks), correct and repack_correct))
+    received = [int(x) for x in pairs.sum(axis=0)]
+    itemsize = torch.empty((), dtype=torch.float32).element_size()
+    largest = max(prod(b.shape) * itemsize for b in _layout_of(engine, rollout, vps.budget_bytes).buffers(dist.get_rank()).values())
+    floor = dict(received_by_rank=received, repack_seconds=repack, budget_bytes=vps.budget_bytes,
+                 largest_piece_bytes=largest, tokens_changed=reference != before,
+                 install_overlapped=vps.overlap_install, phases=vps.phases)
+    return records, floor, rollout
+
+
+def _record(method: str, seconds: list[float], floors: list[float], moved: int, rounds: int, peak: int,
+            correct: bool) -> dict:
+    return dict(method=method, transition=TRANSITION, seconds=seconds, floors=floors, bytes_received=moved,
+                bytes_total=True, rounds=rounds, peak_extra_bytes=peak, correct=bool(correct),
+                median_floor=statistics.median(floors) if floors else None)
