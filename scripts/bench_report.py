@@ -35,12 +35,13 @@ def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[f
     rows = []
     for transition, info in per_rank[0]["floor"].items():
         received = info["received_by_rank"]  # from the plan: identical on every rank
-        repack = max(r["floor"][transition].get("repack_seconds", 0.0) for r in per_rank)
         vps = next(x for x in per_rank[0]["records"] if x["transition"] == transition and x["floors"])
-        wire = statistics.median(vps["floors"])  # max-reduced by the probe: identical on every rank
-        floor = dict(size=size, transition=transition, method="floor", seconds=wire + repack, wire_seconds=wire,
-                     repack_seconds=repack, floor_runs=vps["floors"], bytes_moved=sum(received), max_rank_bytes=max(received),
-                     peak_extra_bytes=None, correct=True)
+        repacks = vps.get("repacks") or [0.0] * len(vps["floors"])  # max-reduced by the probes: same on every rank
+        totals = [w + r for w, r in zip(vps["floors"], repacks)]
+        wire, repack = statistics.median(vps["floors"]), statistics.median(repacks)
+        floor = dict(size=size, transition=transition, method="floor", seconds=statistics.median(totals), wire_seconds=wire,
+                     repack_seconds=repack, wire_runs=vps["floors"], repack_runs=repacks, bytes_moved=sum(received),
+                     max_rank_bytes=max(received), peak_extra_bytes=None, correct=True)
         for key in ("budget_bytes", "largest_piece_bytes", "tokens_changed", "install_overlapped"):
             if key in info:
                 floor[key] = info[key]
@@ -51,9 +52,10 @@ def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[f
             got = [x["bytes_received"] for x in recs]
             total = got[0] if recs[0].get("bytes_total") else (sum(got) if min(got) >= 0 else None)
             runs = [max(run) for run in zip(*(x["seconds"] for x in recs))]  # each run: its slowest rank
-            ratios = [t / (f + repack) for t, f in zip(runs, recs[0]["floors"])]  # run / its paired floor
+            ratios = [t / (f + r) for t, f, r in zip(runs, recs[0]["floors"], recs[0].get("repacks") or repacks)]
+            overlapped = [t / max(f, r) for t, f, r in zip(runs, recs[0]["floors"], recs[0].get("repacks") or repacks)]
             rows.append(dict(size=size, transition=transition, method=method, seconds=statistics.median(runs), seconds_runs=runs,
-                             paired_floor_ratios=ratios, bytes_moved=total,
+                             paired_floor_ratios=ratios, paired_overlap_floor_ratios=overlapped, bytes_moved=total,
                              max_rank_bytes=None if recs[0].get("bytes_total") or min(got) < 0 else max(got),
                              peak_extra_bytes=max(x["peak_extra_bytes"] for x in recs), correct=all(x["correct"] for x in recs)))
             if method == "checkpoint" and restart is not None:

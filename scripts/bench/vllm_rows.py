@@ -3,13 +3,15 @@ world): `naive` (rlhf_dyna.transition.sync.NaiveSync) and `vps` (VpsSync), end t
 checked by greedy tokens afterwards (vps must give naive's tokens, and both must differ from the engine's dummy
 weights before any sync).
 
-Floor of a run = wire + repack: the plan's own pair matrix replayed right before the run (bench.measure.
-pattern_seconds), plus vLLM's own install of this rank's shard from local memory (the same staged tensors, no
-wire), measured once in the same engine. Peak extra memory: resident memory above the level at the sync's start.
+Floor of a run = wire + repack, both measured right before that run in the same engine: the plan's own pair
+matrix replayed (bench.measure.pattern_seconds), and vLLM's own install of this rank's shard from local memory
+(the same staged tensors, captured once, installed again with no wire). vps overlaps its install with the wire,
+so max(wire, repack) is the floor of a perfect overlap; wire + repack is the floor of doing one after the other
+(`vps_serial`, one run, installs after each group's wire without a worker thread). Peak extra memory: resident
+memory above the level at the sync's start.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from math import prod
 from pathlib import Path
@@ -56,14 +58,19 @@ def _timed(sync: WeightSync, engine: TrainEngine, rollout: VLLMRollout) -> tuple
     return float(seconds), stats.bytes_moved, stats.rounds, max(memory.peak_extra_bytes, stats.peak_extra_bytes)
 
 
-def repack_seconds(vps: VpsSync, engine: TrainEngine, rollout: VLLMRollout) -> float:
-    """vLLM's install of this rank's shard from local memory: capture the staged groups of one (untimed) sync, then
-    install exactly those tensors again with no wire, group after group (slowest rank)."""
+def capture_staged(vps: VpsSync, engine: TrainEngine, rollout: VLLMRollout) -> list[dict]:
+    """The staged groups of one (untimed) sync: this rank's shard in vLLM's model format, in local memory."""
     captured: list[dict] = []
     vps.on_staged = captured.append
     vps.sync(engine, rollout)
     vps.on_staged = None
-    destination = VllmDestination(rollout, _layout_of(engine, rollout, vps.budget_bytes), dist.get_rank())
+    return captured
+
+
+def repack_seconds(captured: list[dict], engine: TrainEngine, rollout: VLLMRollout, budget_bytes: int) -> float:
+    """vLLM's install of this rank's shard from local memory: the captured tensors installed again with no wire,
+    group after group (slowest rank)."""
+    destination = VllmDestination(rollout, _layout_of(engine, rollout, budget_bytes), dist.get_rank())
     dist.barrier()
     start = time.perf_counter()
     with LayerwiseInstaller(destination.model, rollout.llm.llm_engine.vllm_config, destination.aliases,
@@ -101,27 +108,33 @@ def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int) -
     seconds, moved, rounds, peak = _timed(vps, engine, rollout)
     records.append(_record("vps_cold", [seconds], [], moved, rounds, peak, _greedy(rollout) == reference))
     pairs = _pair_bytes(engine, rollout, vps.budget_bytes)
-    runs, floors, peaks, correct = [], [], [], True
-    for _ in range(repeats):
+    captured = capture_staged(vps, engine, rollout)
+    repack_seconds(captured, engine, rollout, vps.budget_bytes)  # warm-up; the captured values must give naive's tokens
+    correct = _greedy(rollout) == reference
+    runs, floors, repacks, peaks = [], [], [], []
+    for _ in range(repeats):  # each run right after its own floor: repack from local memory, then the wire pattern
+        repacks.append(repack_seconds(captured, engine, rollout, vps.budget_bytes))
         floors.append(pattern_seconds(pairs))
         seconds, moved, rounds, peak = _timed(vps, engine, rollout)
         runs.append(seconds)
         peaks.append(peak)
         correct = correct and _greedy(rollout) == reference
-    repack = repack_seconds(vps, engine, rollout)
-    repack_correct = _greedy(rollout) == reference  # the captured tensors were vps's values: same tokens again
-    records.append(_record("vps", runs, floors, moved, rounds, max(peaks), correct and repack_correct))
+    records.append(_record("vps", runs, floors, moved, rounds, max(peaks), correct, repacks))
+    repack = repack_seconds(captured, engine, rollout, vps.budget_bytes)
+    wire = pattern_seconds(pairs)
+    seconds, moved, rounds, peak = _timed(VpsSync(overlap_install=False), engine, rollout)
+    records.append(_record("vps_serial", [seconds], [wire], moved, rounds, peak, _greedy(rollout) == reference, [repack]))
+    del captured
     received = [int(x) for x in pairs.sum(axis=0)]
     itemsize = torch.empty((), dtype=torch.float32).element_size()
     largest = max(prod(b.shape) * itemsize for b in _layout_of(engine, rollout, vps.budget_bytes).buffers(dist.get_rank()).values())
-    floor = dict(received_by_rank=received, repack_seconds=repack, budget_bytes=vps.budget_bytes,
+    floor = dict(received_by_rank=received, budget_bytes=vps.budget_bytes,
                  largest_piece_bytes=largest, tokens_changed=reference != before,
                  install_overlapped=vps.overlap_install, phases=vps.phases)
     return records, floor, rollout
 
 
 def _record(method: str, seconds: list[float], floors: list[float], moved: int, rounds: int, peak: int,
-            correct: bool) -> dict:
-    return dict(method=method, transition=TRANSITION, seconds=seconds, floors=floors, bytes_received=moved,
-                bytes_total=True, rounds=rounds, peak_extra_bytes=peak, correct=bool(correct),
-                median_floor=statistics.median(floors) if floors else None)
+            correct: bool, repacks: list[float] | None = None) -> dict:
+    return dict(method=method, transition=TRANSITION, seconds=seconds, floors=floors, repacks=repacks or [],
+                bytes_received=moved, bytes_total=True, rounds=rounds, peak_extra_bytes=peak, correct=bool(correct))
