@@ -1,7 +1,7 @@
 """Resharding benchmark: the same live state moved by every method, side by side, on 4 gloo ranks.
 
 Transitions (source: FSDP2 dp=world, ZeRO-3, fp32, random weights; train -> train with full AdamW state):
-  train_to_vllm       params -> a real in-rank vLLM engine (CPU, tp2 x dp2), end to end with vLLM's install, greedy
+  train_to_vllm       params -> a real in-rank bf16 vLLM engine (CPU, tp2 x dp2), end to end with its install, greedy
                       tokens checked afterwards (bench/vllm_rows.py); methods naive and vps
   train_to_vllm_like  params -> vLLM-like buffers with no engine behind them (bench/rollout_target.py: the VPS
                       rollout layout's fused qkv_proj / gate_up_proj, tp2 x dp2): the wire part alone
@@ -345,8 +345,8 @@ def estimated_bytes(params: int, transitions: list[str]) -> int:
     per_rank = []
     if VLLM_LIKE in transitions:
         per_rank.append(params * 4 / WORLD + params * 4 / ROLLOUT_TP)
-    if "train_to_vllm" in transitions:  # vLLM's weights, the repack probe's captured copy, ~1 GB more of vLLM itself
-        per_rank.append(params * 4 / WORLD + 2 * params * 4 / ROLLOUT_TP + 1.0e9)
+    if "train_to_vllm" in transitions:  # bf16 vLLM weights, the repack probe's captured copy, ~0.5 GB more of vLLM
+        per_rank.append(params * 4 / WORLD + 2 * params * 2 / ROLLOUT_TP + 0.5e9)
     if "dp4_to_dp2tp2" in transitions or SEARCHED in transitions:
         per_rank.append(2 * 3 * params * 4 / WORLD)
     return int(WORLD * (max(per_rank) + 1.0e9))

@@ -3,8 +3,8 @@
 The source is the engine's sharded params (ParallelSpec(TRAIN, dp, tp, zero=3), see bind_train), the destination
 vLLM's TP-local (fused) parameters (ParallelSpec(ROLLOUT, tp, vllm_dp), see bind_vllm). Plans are cached per
 (model, specs, budget). Bytes moved = the plan's minimum; fp32 masters are cast to vLLM's dtype while packing.
-On the CPU the move runs per group of layers (vps.layer_groups), each installed into vLLM (vllm_install) while the
-next one is on the wire, so staging never holds the whole shard.
+On the CPU the move runs per group of layers (vps.layer_groups), each installed into vLLM (vllm_install) once it
+has arrived (or, with overlap_install, while the next one is on the wire), so staging never holds the whole shard.
 """
 from __future__ import annotations
 
@@ -35,11 +35,14 @@ class VpsSync(WeightSync):
     name = "vps"
 
     def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES, verify: bool = False,
-                 recorder: TraceRecorder | None = None, overlap_install: bool = True) -> None:
+                 recorder: TraceRecorder | None = None, overlap_install: bool = False) -> None:
         self.budget_bytes = budget_bytes
         self.verify = verify  # checksum every received piece against its source (tests)
         self.recorder = recorder  # one trace event per round when set
-        self.overlap_install = overlap_install  # install a group on a worker thread while the next one is received
+        # install a group on a worker thread while the next one is received; off by default: on CPU ranks that share
+        # their cores (4 gloo ranks, 2 cores) the thread competes with gloo and the repack and lost 2x in
+        # scripts/bench_reshard.py (README); worth it where a rank has a core to spare
+        self.overlap_install = overlap_install
         self.last: ExecStats | None = None  # this rank's executor stats of the latest sync (summed over its groups)
         self.phases: dict[str, float] = {}  # seconds of the latest sync: plan, move (+ install when overlapped), install
         self.on_staged: Callable[[dict[str, Tensor]], None] | None = None  # sees each staged group before its install

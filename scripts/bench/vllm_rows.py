@@ -1,13 +1,13 @@
 """Rows of scripts/bench_reshard.py into a real in-rank vLLM engine (CPU, external_launcher, tp x vllm_dp over the
-world): `naive` (rlhf_dyna.transition.sync.NaiveSync) and `vps` (VpsSync), end to end with vLLM's install, each
+world, bf16 weights from the fp32 training state): `naive` (rlhf_dyna.transition.sync.NaiveSync) and `vps` (VpsSync), end to end with vLLM's install, each
 checked by greedy tokens afterwards (vps must give naive's tokens, and both must differ from the engine's dummy
 weights before any sync).
 
 Floor of a run = wire + repack, both measured right before that run in the same engine: the plan's own pair
 matrix replayed (bench.measure.pattern_seconds), and vLLM's own install of this rank's shard from local memory
-(the same staged tensors, captured once, installed again with no wire). vps overlaps its install with the wire,
-so max(wire, repack) is the floor of a perfect overlap; wire + repack is the floor of doing one after the other
-(`vps_serial`, one run, installs after each group's wire without a worker thread). Peak extra memory: resident
+(the same staged tensors, captured once, installed again with no wire). vps installs each group after its wire
+(VpsSync's default); `vps_overlap` (one run) installs on a worker thread while the next group is on the wire,
+whose floor would be max(wire, repack). Peak extra memory: resident
 memory above the level at the sync's start.
 """
 from __future__ import annotations
@@ -33,6 +33,7 @@ from rlhf_dyna.transition.vps_sync import VpsSync
 from rlhf_dyna.vps.tensor import Kind
 
 TRANSITION = "train_to_vllm"
+ROLLOUT_DTYPE = torch.bfloat16  # fp32 masters -> bf16 vLLM, as bf16 recipes run it (vps casts while packing)
 PROMPTS = [[(7 * i + 3) % 97 + 1 for i in range(12)], [5, 9, 3, 44], [17, 2, 44, 8, 30], [60, 1, 7, 7]]
 
 
@@ -90,11 +91,11 @@ def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int) -
     if dist.get_rank() == 0:
         engine.model.config.save_pretrained(model_dir)  # vLLM starts from dummy weights: only the config is needed
     dist.barrier()
-    rollout = VLLMRollout(model_dir, tp=tp, seed=0, max_model_len=64, kv_cache_bytes=16 << 20, dtype="float32",
+    rollout = VLLMRollout(model_dir, tp=tp, seed=0, max_model_len=64, kv_cache_bytes=16 << 20, dtype="bfloat16",
                           load_format="dummy", block_size=32)
     before = _greedy(rollout)
     records = []
-    seconds, moved, rounds, peak = _timed(NaiveSync(), engine, rollout)
+    seconds, moved, rounds, peak = _timed(NaiveSync(dtype=ROLLOUT_DTYPE), engine, rollout)
     reference = _greedy(rollout)
     records.append(_record("naive", [seconds], [], moved, rounds, peak, reference != before))
     vps = VpsSync()
@@ -115,11 +116,11 @@ def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int) -
     records.append(_record("vps", runs, floors, moved, rounds, max(peaks), correct, repacks))
     repack = repack_seconds(captured, engine, rollout, vps.budget_bytes)
     wire = pattern_seconds(pairs)
-    seconds, moved, rounds, peak = _timed(VpsSync(overlap_install=False), engine, rollout)
-    records.append(_record("vps_serial", [seconds], [wire], moved, rounds, peak, _greedy(rollout) == reference, [repack]))
+    seconds, moved, rounds, peak = _timed(VpsSync(overlap_install=True), engine, rollout)
+    records.append(_record("vps_overlap", [seconds], [wire], moved, rounds, peak, _greedy(rollout) == reference, [repack]))
     del captured
     received = [int(x) for x in pairs.sum(axis=0)]
-    itemsize = torch.empty((), dtype=torch.float32).element_size()
+    itemsize = torch.empty((), dtype=ROLLOUT_DTYPE).element_size()
     largest = max(prod(b.shape) * itemsize for b in _whole_plan(engine, rollout, vps.budget_bytes).dst.buffers(dist.get_rank()).values())
     floor = dict(received_by_rank=received, budget_bytes=vps.budget_bytes,
                  largest_piece_bytes=largest, tokens_changed=reference != before,

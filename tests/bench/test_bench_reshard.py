@@ -22,22 +22,22 @@ def test_quick_bench_runs_every_method_and_writes_json_chart_and_table(tmp_path:
     report = json.loads((tmp_path / "bench_reshard.json").read_text())
     assert report["date"] and report["machine"]
     rows = {(r["transition"], r["method"]): r for r in report["rows"]}
-    assert set(rows) >= {("train_to_vllm", m) for m in ("floor", "naive", "vps_cold", "vps", "vps_serial")} | {
+    assert set(rows) >= {("train_to_vllm", m) for m in ("floor", "naive", "vps_cold", "vps", "vps_overlap")} | {
         ("train_to_vllm_like", m) for m in ("floor", "naive", "redistribute", "vps_cold", "vps")} | {
         ("dp4_to_dp2tp2", m) for m in ("floor", "naive", "redistribute", "vps_cold", "vps", "checkpoint", "checkpoint_restart")}
     assert all(r["correct"] for r in rows.values()), [k for k, r in rows.items() if not r["correct"]]
     assert rows[("train_to_vllm", "floor")]["tokens_changed"]  # dummy weights -> synced ones: greedy tokens changed
     assert rows[("train_to_vllm", "floor")]["repack_seconds"] > 0
     assert all(r["seconds"] > 0 for r in rows.values())
-    # dp4 -> tp2 x dp2: a rank needs half the model and holds a quarter; naive receives three quarters of it
-    for target in ("train_to_vllm", "train_to_vllm_like"):
+    # dp4 -> tp2 x dp2: a rank needs half the model and holds a quarter; naive receives three quarters of it (in fp32:
+    # it gathers before casting, while vps sends the bf16 real vLLM computes in: half the bytes again)
+    for target, share in (("train_to_vllm", 0.25), ("train_to_vllm_like", 0.5)):
         floor, naive = rows[(target, "floor")], rows[(target, "naive")]
-        assert 0.3 < floor["bytes_moved"] / naive["bytes_moved"] < 0.7, target
+        assert 0.6 * share < floor["bytes_moved"] / naive["bytes_moved"] < 1.4 * share, target
     for transition in ("train_to_vllm", "train_to_vllm_like", "dp4_to_dp2tp2", "dp4_to_dp2tp2_searched"):
         assert rows[(transition, "vps")]["bytes_moved"] == rows[(transition, "floor")]["bytes_moved"], transition
         assert len(rows[(transition, "vps")]["paired_floor_ratios"]) == 3, transition
-        # nothing beats its floor: the wire pattern alone, or into vLLM the larger of wire and repack (vps overlaps them)
-        assert min(rows[(transition, "vps")]["paired_overlap_floor_ratios"]) >= 1.0, transition
+        assert min(rows[(transition, "vps")]["paired_floor_ratios"]) >= 1.0, transition  # nothing beats its floor
     # the searched rank order (tp outermost) keeps every column-parallel chunk in place: far fewer bytes move
     searched, plain = rows[("dp4_to_dp2tp2_searched", "vps")], rows[("dp4_to_dp2tp2", "vps")]
     assert searched["bytes_moved"] < 0.5 * plain["bytes_moved"]
