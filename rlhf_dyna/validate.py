@@ -186,7 +186,7 @@ def check_values(cfg: Config) -> None:
             f"rollout.temperature=0 (greedy) with rollout.n={r.n} draws {r.n} identical samples per prompt, so every "
             f"group advantage is 0 and nothing trains; use rollout.temperature > 0 (e.g. 1.0) or rollout.n=1."
         )
-    if cfg.algorithm.name == "grpo" and r.n < 2:
+    if cfg.algorithm.adv_estimator == "grpo" and r.n < 2:  # other estimators: validate_algorithm
         raise ConfigError(
             f"algorithm.name=grpo with rollout.n={r.n}: GRPO's baseline is the mean reward of a prompt's group, so one "
             f"sample per prompt has advantage 0; use rollout.n >= 2 (e.g. 8), or algorithm=ppo for a learned baseline."
