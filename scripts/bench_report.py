@@ -115,11 +115,11 @@ def plot(rows: list[dict], params: dict[str, int], path: Path, order: tuple[str,
 
 
 def write_report(out: Path, rows: list[dict], params: dict[str, int], transitions: list[str], setup: dict,
-                 order: tuple[str, ...]) -> None:
+                 order: tuple[str, ...], date: str | None = None) -> None:
     """Prints the table, writes bench_reshard.json (`setup`: world, layouts) and bench_reshard.png."""
     out.mkdir(parents=True, exist_ok=True)
     print_table(rows, params)
-    report = dict(**setup, params=params, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=machine(),
+    report = dict(**setup, params=params, date=date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=machine(),
                   floor="per vps run: the plan's pair matrix replayed right before it (one contiguous message per pair, "
                         "same backend, same run) + vLLM's repack of the rank's shard from local memory (real vLLM rows)",
                   transitions=transitions, rows=rows)

@@ -377,9 +377,10 @@ def main() -> None:
         return restart_worker(args.sizes, args.ckpt, args.out)
     if args.merge:
         reports = [json.loads(Path(path).read_text()) for path in args.merge]
+        transitions = [t for t in TRANSITIONS if any(t in r.get("transitions", TRANSITIONS) for r in reports)]
+        dates = ", ".join(dict.fromkeys(r.get("date", "undated") for r in reports))  # when the runs were measured
         return write_report(Path(args.out), [row for r in reports for row in r["rows"]],
-                            {k: v for r in reports for k, v in r["params"].items()}, reports[0].get("transitions", list(TRANSITIONS)),
-                            SETUP, TRANSITIONS)
+                            {k: v for r in reports for k, v in r["params"].items()}, transitions, SETUP, TRANSITIONS, dates)
     sizes = ["tiny"] if args.quick else args.sizes.split(",")
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
