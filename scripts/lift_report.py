@@ -43,6 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", nargs="*", type=Path, default=[])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "grpo_tiny_lift.json")
+    parser.add_argument("--note", default="", help="free text stored with the figures (how the runs ended, load)")
     parser.add_argument("extra", nargs="*", help="key=value overrides for the run this script starts")
     args = parser.parse_args()
     load_start = os.getloadavg()[0]
@@ -59,7 +60,7 @@ def main() -> None:
     data = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.node()}: {os.cpu_count()} CPUs",
             "load_average_start_end": [round(load_start, 1), round(os.getloadavg()[0], 1)],
-            "command": " ".join(["python scripts/lift_report.py", *sys.argv[1:]]), "runs": runs}
+            "command": " ".join(["python scripts/lift_report.py", *sys.argv[1:]]), "note": args.note, "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     for r in runs:
