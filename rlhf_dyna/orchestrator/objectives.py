@@ -28,7 +28,11 @@ def global_denominator(norm: LossNorm, agg: str, norm_len: int | None) -> float:
         return norm.num_tokens
     if agg == "seq_mean_token_sum_norm":
         return norm.num_sequences * float(norm_len)
-    return max(norm.num_nonempty_sequences, 1e-12)
+    if norm.num_nonempty_sequences <= 0:  # the engine clamps a real count to >= 1 / dp; 0 means it never counted
+        raise ValueError(f"loss_agg={agg} divides by the batch's non-empty sequences, but the engine's LossNorm has "
+                         f"num_nonempty_sequences={norm.num_nonempty_sequences}; the engine must count the rows with "
+                         f"at least one loss-mask token over the dp group (TrainEngine.step does), or use token_mean.")
+    return norm.num_nonempty_sequences
 
 
 def global_scale(mask: Tensor, norm: LossNorm, agg: str, norm_len: int | None = None) -> Tensor:
