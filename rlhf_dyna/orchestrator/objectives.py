@@ -70,7 +70,7 @@ def actor_loss(alg: AlgorithmConfig, temperature: float, max_new_tokens: int = 0
     def loss_fn(out, mb: dict[str, Tensor], norm: LossNorm) -> tuple[Tensor, dict[str, float]]:
         mask = mb["response_mask"]
         logprobs = token_logprobs(out.logits, mb["input_ids"], temperature)
-        loss_mat, terms = policy_loss_tokens(logprobs, mb["old_logprobs"], mb["advantages"], mask,
+        loss_mat, terms = policy_loss_tokens(logprobs, mb["old_logprobs"], mb["advantages"],
                                              alg.clip_eps_low, alg.clip_eps_high, dual_clip)
         loss = aggregate(loss_mat, mask, agg, norm_len)
         metrics = {"pg_loss": loss.detach(), **{k: _token_mean(v, mask) for k, v in terms.items()}}
