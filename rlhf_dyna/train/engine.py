@@ -204,6 +204,9 @@ def full_state_dict(engine: TrainEngine, dtype: torch.dtype | None = None) -> It
 
     A tied parameter is gathered once and yielded under each of its names right away (vLLM's in-place
     reload needs `lm_head.weight` even when tied: a layer that receives no weight gets its old one back)."""
+    if hasattr(engine, "full_state"):  # a pipeline stage holds part of the model (train.pipeline_engine)
+        yield from engine.full_state(dtype)
+        return
     reshard(engine.model)
     aliases: dict[int, list[str]] = {}
     for name, param in engine.model.named_parameters(remove_duplicate=False):

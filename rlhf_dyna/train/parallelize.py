@@ -24,9 +24,11 @@ LAYER_TP_PLAN: dict[str, ParallelStyle] = {
 }
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """Both the causal LM and the ValueModel keep the HF backbone at `.model`."""
-    return model.model.layers
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """Both the causal LM and the ValueModel keep the HF backbone at `.model`; a pipeline stage keeps its layers in a
+    ModuleDict keyed by the global layer index (train.pp_stage)."""
+    layers = model.model.layers
+    return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
