@@ -16,8 +16,8 @@ from ..tasks.file_task import make_file_task
 from ..tasks.tokenizer import CharTokenizer
 from ..train.copy_shards import copy_local_shards_
 from ..train.engine import TrainEngine, full_state_dict
-from ..train.mesh import build_mesh, build_pp_mesh
 from ..train.pipeline_engine import make_engine
+from ..parallel_dims import ParallelDims
 from ..validate import resolve_dp
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -104,7 +104,7 @@ def build_actor(cfg: Config, source: ModelSpec | str, ctx: RankContext) -> Train
     """Random init: the full seeded model, then sharded (tiny recipes, bit-identical across layouts). A checkpoint:
     built on meta, sharded, and each rank reads only its shards (models.meta_init)."""
     alg = cfg.algorithm
-    mesh = build_pp_mesh(ctx.pp, ctx.dp, ctx.tp) if ctx.pp > 1 else build_mesh(ctx.dp, ctx.tp)
+    mesh = ParallelDims.from_config(cfg).train_mesh()
     if isinstance(source, str):
         policy, materialize = meta_policy(checkpoint_config(source), DTYPES["fp32"]), checkpoint_loader(source, _device(mesh))
     else:

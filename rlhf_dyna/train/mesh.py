@@ -54,4 +54,6 @@ def build_pp_mesh(pp: int, dp: int, tp: int = 1) -> DeviceMesh:
         raise ValueError(f"pp={pp} x dp={dp} x tp={tp} = {pp * dp * tp} ranks but the world has {world}; "
                          f"valid: pp * dp * tp == {world}")
     device_type = "cuda" if "nccl" in dist.get_backend() else "cpu"
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
     return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
