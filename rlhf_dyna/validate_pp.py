@@ -1,7 +1,7 @@
 """Pipeline-parallel checks of a composed config, before any rank is spawned (train.pipeline_engine's limits).
 
 Every layout the run trains in (parallel.train and each parallel.schedule entry) with pp > 1 must: have no more
-stages than decoder layers (uneven splits are fine: vps.validate.stage_layers), use tp=1, split every batch it
+stages than decoder layers (uneven splits are fine: vps.validate.stage_layers), split every batch it
 trains on into equal micro-batches of algorithm.micro_batch_size rows per dp rank, and give 1F1B at least pp of
 them. DCP checkpoints (save / resume) are not wired for pipeline layouts yet.
 """
@@ -43,9 +43,6 @@ def pipeline_problems(cfg: Config) -> list[str]:
         if pp > layers:
             problems.append(f"{where}: pp={pp} exceeds model.num_hidden_layers={layers}; valid pp: 1..{layers} "
                             f"(uneven splits are fine)")
-        if tp > 1:
-            problems.append(f"{where}: pp={pp} with tp={tp}: pipeline stages train with FSDP2 over dp only so far; "
-                            f"use tp=1 with pp > 1")
         if cfg.parallel.train.cp > 1:
             problems.append(f"{where}: pp={pp} with cp={cfg.parallel.train.cp}: context parallel is not live; use cp=1")
         micro = cfg.algorithm.micro_batch_size

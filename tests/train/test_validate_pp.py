@@ -25,12 +25,12 @@ def pp_config(**changes) -> Config:
 
 def test_the_recipe_settings_pass():
     assert pipeline_problems(pp_config()) == []
+    assert pipeline_problems(pp_config(parallel__train__tp=2)) == []  # pp2 x tp2: DTensor TP inside the stages
     check_runs_live(pp_config())  # the pp refusal is lifted
 
 
 @pytest.mark.parametrize("changes,message", [
     (dict(parallel__train__pp=4, model__num_hidden_layers=3), "pp=4 exceeds model.num_hidden_layers=3"),
-    (dict(parallel__train__tp=2), "pp=2 with tp=2"),
     (dict(algorithm__micro_batch_size=48), "do not split into equal micro-batches of algorithm.micro_batch_size=48"),
     (dict(algorithm__micro_batch_size=128), "1F1B needs at least pp=2"),
     (dict(trainer__sft_warmup_steps=5, trainer__sft_batch_size=16), "trainer.sft_batch_size gives 1 micro-batch"),

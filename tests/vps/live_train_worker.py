@@ -28,8 +28,10 @@ def build(dp: int, tp: int, fsdp: bool, tp_outer: bool, tied: bool, pp: int = 1)
     torch.manual_seed(0)
     model = LlamaForCausalLM(config(tied, pp)).float()
     if pp > 1:
-        mesh = init_device_mesh("cpu", (pp, dp), mesh_dim_names=("pp", "dp"))
-        model = split_stage(model, ParallelSpec(dp=dp, pp=pp), mesh["pp"].get_local_rank())
+        mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        model = split_stage(model, ParallelSpec(dp=dp, tp=tp, pp=pp), mesh["pp"].get_local_rank())
+        if tp > 1:
+            apply_tensor_parallel(model, mesh["tp"])
         dp_mesh = mesh["dp"]
     elif tp > 1:
         mesh = DeviceMesh("cpu", mesh_ranks(dp, tp, tp_outer), mesh_dim_names=("dp", "tp"))
@@ -86,7 +88,8 @@ CASES = {"fsdp4": (4, 1, True), "fsdp2_tp2": (2, 2, True), "ddp2_tp2": (2, 2, Fa
          "fsdp2_tp2_tp_outer": (2, 2, True, True),  # TP groups {0, 2}, {1, 3}
          "fsdp2_tp2_tied": (2, 2, True, False, True),  # the tied embedding stays whole over tp
          "pp2_fsdp2": (2, 1, True, False, False, 2),  # stages {0, 1} and {2, 3}, layers [0, 2) and [2, 3)
-         "pp2_fsdp2_tied": (2, 1, True, False, True, 2)}  # embedding on stage 0, its tied lm_head copy on stage 1
+         "pp2_fsdp2_tied": (2, 1, True, False, True, 2),
+         "pp2_tp2": (1, 2, True, False, False, 2)}  # TP inside each stage: vocab-parallel embedding / lm_head  # embedding on stage 0, its tied lm_head copy on stage 1
 
 
 def main() -> None:
