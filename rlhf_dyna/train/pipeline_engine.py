@@ -96,7 +96,6 @@ class PipelineEngine(TrainEngine):
         pipe_stage = PipelineStage(self.model, self.pp_mesh.get_local_rank(), self.pp_size, self.device,
                                    input_args=inputs, output_args=output, group=self.pp_mesh.get_group())
         cls = SCHEDULES[self.schedule_name] if loss_fn is not None else ScheduleGPipe
-        self.last_bubble_fraction = bubble_fraction(self.pp_size, n) if loss_fn is not None else self.last_bubble_fraction
         return cls(pipe_stage, n_microbatches=n, loss_fn=loss_fn, scale_grads=False)
 
     def _split(self, batch: dict[str, Tensor]) -> tuple[int, int]:
@@ -149,6 +148,7 @@ class PipelineEngine(TrainEngine):
 
         self.optimizer.zero_grad(set_to_none=True)
         schedule = self._schedule(n, mbs, batch["input_ids"].shape[1], loss_fn=pipeline_loss)
+        self.last_bubble_fraction = bubble_fraction(self.pp_size, n)  # what this step's schedule predicts
         self._run(schedule, batch, train=True, target=torch.arange(n) if self.stage_module.is_last else None)
         self._sum_tied_grads()
         grad_norm = self.clip_gradients()
