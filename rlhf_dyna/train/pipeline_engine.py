@@ -20,7 +20,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.distributed.tensor import DTensor
 
 from rlhf_dyna.models.build import ValueOutput
-from rlhf_dyna.train.engine import LossFn, LossNorm, TrainEngine, position_ids_from_mask, reshard, token_logprobs
+from rlhf_dyna.train.engine import LossFn, TrainEngine, position_ids_from_mask, reshard, token_logprobs
 from rlhf_dyna.train.pp_stage import StageModule, bubble_fraction, split_stage
 from rlhf_dyna.vps.spec import train_spec
 
@@ -131,10 +131,7 @@ class PipelineEngine(TrainEngine):
         if self.optimizer is None:
             raise RuntimeError("this engine was built with trainable=False (a reference model)")
         self.model.train()
-        mask = batch.get(self.loss_mask_key)
-        tokens = float(mask.sum()) if mask is not None else 0.0
-        total_tokens, total_seqs = self._dp_sum([tokens, float(batch["input_ids"].shape[0])])
-        norm = LossNorm(num_tokens=max(total_tokens, 1.0) / self.dp_size, num_sequences=total_seqs / self.dp_size)
+        norm = self.loss_norm(batch)
         n, mbs = self._split(batch)
         micro = [{k: v[i * mbs:(i + 1) * mbs].to(self.device) for k, v in batch.items()} for i in range(n)]
         summed: dict[str, float] = {}
