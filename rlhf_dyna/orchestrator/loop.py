@@ -174,12 +174,16 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
             if ctx.rank == 0:
                 write_chrome_trace(events, out_dir / TRACE_FILE)
                 write_timeline_png(events, out_dir / TIMELINE_FILE, title=f"{cfg.recipe}: phases and transitions")
+    except BaseException:
+        rollout = None  # a failed rank leaves at once: shutdown's barrier would wait on peers stuck in a collective
+        raise
     finally:
         if tracker:
             tracker.close()
-        if placed is not None:
+        if placed is not None and rollout is not None:
             placed.close()
-        rollout.shutdown()
+        if rollout is not None:
+            rollout.shutdown()
 
 
 def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync, log_dir=None,
