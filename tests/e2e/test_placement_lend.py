@@ -7,6 +7,7 @@ targets non-trivial, so a critic trained on other rows, a move that dropped Adam
 batch would show. A rank that fails during a placement change stops the run cleanly."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -18,7 +19,7 @@ import pytest
 
 from rlhf_dyna.elastic.faults import FAULT_ENV, FAULT_TEXT
 from rlhf_dyna.launch import run_segments
-from tests.e2e.test_checkpoint_resume import assert_same_steps
+from tests.e2e.test_checkpoint_resume import COMPARED
 from tests.e2e.test_recipes import read_metrics, run_app
 
 PPO4 = [
@@ -28,6 +29,17 @@ PPO4 = [
 ]
 MOVES = [f"reshard/{role}/{change}" for role in ("actor", "critic") for change in ("prepare_to_train_actor",
                                                                                     "train_critic_to_generate")]
+
+
+def assert_same_metrics(expected: list[dict], got: list[dict], rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """Relative 1e-5; atol only for values that are 0 but for round-off (PPO's pg_loss at ratio 1 is minus the mean
+    of whitened advantages, ~1e-7 either way)."""
+    assert [r["step"] for r in got] == [r["step"] for r in expected]
+    for want, row in zip(expected, got):
+        keys = sorted(k for k in want if k.startswith(COMPARED))
+        assert keys == sorted(k for k in row if k.startswith(COMPARED)), row["step"]
+        for key in keys:
+            assert math.isclose(row[key], want[key], rel_tol=rtol, abs_tol=atol), (row["step"], key, want[key], row[key])
 
 
 def run_ok(run_dir: Path, *args: str) -> list[dict]:
@@ -50,7 +62,7 @@ def test_lend_logs_what_colocate_logs(tmp_path):
     lend = run_ok(tmp_path / "lend", *PPO4, "placement=lend")
     trained = [r for r in colocate if r["step"] > 0]
     assert any(abs(r["critic/vf_loss"]) > 1e-3 for r in trained) and any(r["reward/mean"] > 0 for r in trained)
-    assert_same_steps(colocate, lend, range(0, 4))
+    assert_same_metrics(colocate, lend)
     for row in lend[1:]:
         for move in MOVES:  # every step moved both roles out and back, with bytes
             assert row[f"{move}/bytes_moved"] > 0 and row[f"{move}/rounds"] >= 1, (row["step"], move)
