@@ -8,7 +8,7 @@ local call of that rank (no collective), like any other client of a vLLM server.
 
 Weights cross the process boundary through shared memory on the CPU: `load_weights` packs the (HF name, tensor)
 pairs into one file in /dev/shm named after the run (`<VLLM_DIST_IDENT>-weights-<rank>`, so the launcher's
-clean-up removes it after a crash), and `collective_rpc` runs `_install_from_shm` inside the engine process, which
+clean-up removes it after a crash), and `collective_rpc` runs `ShmWeightInstall.install_from_shm` inside the engine process, which
 maps the file and hands zero-copy views to vLLM's checkpoint-format loader (`reload_weights`), the same in-place
 reload the in-rank engine uses (on a GPU the same place takes CUDA IPC handles, as vLLM's IPC backend does).
 """
@@ -26,21 +26,23 @@ from .vllm_engine import VLLMRollout
 SHM_DIR = Path("/dev/shm")
 
 
-def _install_from_shm(worker, path: str, nbytes: int, entries: list[tuple[str, str, list[int], int]]) -> int:
-    """Runs inside the engine process (vLLM passes its worker first): map the file, reload weights from views."""
-    import torch as _torch
+class ShmWeightInstall:
+    """vLLM worker extension (`worker_extension_cls`), mixed into the worker inside the engine process: a named method
+    that `collective_rpc` can call by name (a pickled function would need VLLM_ALLOW_INSECURE_SERIALIZATION)."""
 
-    storage = _torch.UntypedStorage.from_file(path, shared=True, nbytes=nbytes)
-    flat = _torch.empty(0, dtype=_torch.uint8).set_(storage)
+    def install_from_shm(self, path: str, nbytes: int, entries: list[tuple[str, str, list[int], int]]) -> int:
+        """Map the run's shm file and reload weights from zero-copy views of it (checkpoint format)."""
+        storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=nbytes)
+        flat = torch.empty(0, dtype=torch.uint8).set_(storage)
 
-    def weights():
-        for name, dtype, shape, offset in entries:
-            dt = getattr(_torch, dtype)
-            count = int(_torch.Size(shape).numel()) * _torch.empty(0, dtype=dt).element_size()
-            yield name, flat[offset: offset + count].view(dt).view(shape)
+        def weights():
+            for name, dtype, shape, offset in entries:
+                dt = getattr(torch, dtype)
+                count = int(torch.Size(shape).numel()) * torch.empty(0, dtype=dt).element_size()
+                yield name, flat[offset: offset + count].view(dt).view(shape)
 
-    worker.reload_weights(weights_iterator=weights(), is_checkpoint_format=True)
-    return len(entries)
+        self.reload_weights(weights_iterator=weights(), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        return len(entries)
 
 
 class SubsetVLLMRollout(VLLMRollout):
@@ -63,6 +65,7 @@ class SubsetVLLMRollout(VLLMRollout):
                 skip_tokenizer_init=True, enforce_eager=True, kv_cache_memory_bytes=kv_cache_bytes or None, seed=seed,
                 dtype=dtype, max_model_len=max_model_len, logprobs_mode=logprobs_mode,
                 enable_prefix_caching=enable_prefix_caching, **({} if block_size is None else {"block_size": block_size}),
+                worker_extension_cls=f"{__name__}.ShmWeightInstall",
             )
         finally:
             if previous is None:
@@ -84,7 +87,7 @@ class SubsetVLLMRollout(VLLMRollout):
         for (name, t), (_, _, _, start) in zip(tensors, entries):
             flat[start: start + t.numel() * t.element_size()].copy_(t.view(-1).view(torch.uint8))
         del flat, storage
-        self.llm.collective_rpc(_install_from_shm, args=(str(self.shm_path), nbytes, entries))
+        self.llm.collective_rpc("install_from_shm", args=(str(self.shm_path), nbytes, entries))
         self.reset_prefix_cache()
 
     def shutdown(self) -> None:
