@@ -116,7 +116,9 @@ class PlacedTraining:
             if self.recorder is not None:  # this rank's own phase, at its real time (the sets train at once)
                 self.recorder.add(PHASE_PREFIX + f"train_{role}", 0, wall, trained[role][1], {"step": step, "roles": role})
         dist.barrier()  # the slower set's training is the phase's time, not the move's that follows it
-        metrics.update(self.enter(GENERATE, home))
+        back = self.enter(GENERATE, home)
+        back["placement/wait_seconds"] += metrics["placement/wait_seconds"]  # the step's switches waited this long
+        metrics.update(back)
         gathered: list = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, trained)
         role_metrics, timings = {ACTOR: {}, CRITIC: {}}, {}

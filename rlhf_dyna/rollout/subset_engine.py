@@ -2,8 +2,9 @@
 
 Under `external_launcher` vLLM builds its groups over the whole default world (every rank must take part), and an
 in-process engine built on a subset hangs at worker init (ENVIRONMENT.md). With the engine core in a child process
-(`VLLM_ENABLE_V1_MULTIPROCESSING=1`) and the `uni` executor (tp=1), the child initialises a private one-process
-torch.distributed world of its own, so a rank builds it alone and the other ranks are free. `generate` is then a
+(`VLLM_ENABLE_V1_MULTIPROCESSING=1`, tp=1; on the CPU vLLM turns the `uni` executor into `mp`, so the model runs in a
+grandchild worker), the engine initialises a private one-process torch.distributed world of its own (file:// init),
+so a rank builds it alone and the other ranks are free. `generate` is then a
 local call of that rank (no collective), like any other client of a vLLM server.
 
 Weights cross the process boundary through shared memory on the CPU: `load_weights` packs the (HF name, tensor)
@@ -59,6 +60,8 @@ class SubsetVLLMRollout(VLLMRollout):
         self.shm_path = SHM_DIR / f"{os.environ.get('VLLM_DIST_IDENT', 'rlhfdyna-local')}-weights-{rank}"
         previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # engine core in its own process: outside our world
+        # every engine sees itself as local rank 0 and would pin its OMP threads to core 0: let the OS place them
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         try:
             self.llm = LLM(
                 model=str(model_dir), tensor_parallel_size=1, distributed_executor_backend="uni",

@@ -68,3 +68,40 @@ def _engine_on_rank0(rank: int, world: int, model_dir: str) -> None:
 @pytest.mark.timeout(240)
 def test_engine_on_one_rank_of_two_generates_installs_weights_and_shuts_down(tmp_path: Path) -> None:
     run_ranks(_engine_on_rank0, 2, str(tmp_path / "model"))
+
+
+def _train_set_to_rollout_rank(rank: int, world: int, model_dir: str) -> None:
+    from rlhf_dyna.train.engine import TrainEngine, full_state_dict
+    from rlhf_dyna.train.mesh import build_mesh
+    from rlhf_dyna.transition.role_move import set_spec
+    from rlhf_dyna.transition.subset_sync import SubsetSync
+    from tests.engines._common import nll_loss, random_batch
+
+    spec = tiny_spec("llama", False)
+    initial = build_policy(spec, seed=0)
+    if rank == 0:
+        save_hf_dir(initial, initial.config, model_dir)
+    mesh = build_mesh(2, 1, first_rank=1)  # the training set: ranks 1-2; every rank takes part in building it
+    engine, trained = None, {}
+    if rank > 0:
+        engine = TrainEngine(build_policy(spec, seed=0), mesh, lr=1e-2)
+        engine.step(random_batch(seed=rank, batch=2), nll_loss)
+        trained = {k: v.clone() for k, v in full_state_dict(engine)}  # collective over the training set only
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, trained)  # rank 0 gets the reference weights for its HF check
+    rollout = SubsetVLLMRollout(model_dir, max_model_len=64, kv_cache_bytes=16 << 20, block_size=32) if rank == 0 else None
+    sync = SubsetSync(initial.config, set_spec(1, 2, 1), rollout_first=0, rollout_ranks=1)
+    stats = sync.sync(engine, rollout)
+    params = sum(p.numel() * 4 for p in initial.parameters())
+    assert stats.bytes_moved == params  # rank 0 held nothing: every byte of one copy, sent once
+    if rank == 0:
+        greedy = [s[0].token_ids for s in rollout.generate(PROMPTS, temperature=0.0, max_tokens=NEW_TOKENS)]
+        assert greedy == _hf_greedy(everyone[1], "llama", False, PROMPTS)
+        assert greedy != _hf_greedy(initial.state_dict(), "llama", False, PROMPTS)  # the trained weights, not the initial
+        rollout.shutdown()
+    dist.barrier()
+
+
+@pytest.mark.timeout(240)
+def test_vps_sync_from_a_training_set_into_an_engine_on_another_rank(tmp_path: Path) -> None:
+    run_ranks(_train_set_to_rollout_rank, 3, str(tmp_path / "model"))
