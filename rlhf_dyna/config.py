@@ -85,10 +85,18 @@ class AlgorithmConfig:
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
-    kl_estimator: str = "k3"  # k1 | k3
-    kl_in_reward: bool = False  # PPO: KL penalty in the reward (True) or in the loss (False)
-    norm_adv_by_std: bool = True  # GRPO: divide by the group's std (False = Dr. GRPO style)
-    loss_agg: str = "token_mean"  # token_mean | seq_mean
+    kl_estimator: str = "k3"  # k1 | k2 | k3 | low_var_kl (k3 capped at 10), in the loss
+    kl_in_reward: bool = False  # KL penalty (k1) in the token rewards (True; gae, reinforce_plus_plus*) or in the loss
+    kl_ctrl: str = "fixed"  # fixed | adaptive (kl_coef moves towards kl_target, Ziegler et al.)
+    kl_target: float = 0.1  # adaptive: the KL per token the coefficient steers to
+    kl_horizon: int = 10000  # adaptive: samples over which a 20 % error changes the coefficient by 20 %
+    adv_estimator: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae
+    grpo_std: str = "population"  # grpo: population (divide by n) | unbiased (n - 1, as veRL / TRL)
+    norm_adv_by_std: bool = True  # grpo: divide by the group's std (False = dr_grpo's advantages)
+    loss_agg: str = "token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum | seq_mean_token_sum_norm
+    loss_norm_len: int = 0  # seq_mean_token_sum_norm's constant length (Dr. GRPO); 0 = rollout.max_new_tokens
+    clip_ratio_c: float = 3.0  # dual-clip: negative-advantage tokens' loss capped at -A * c (c > 1); 0 = off
+    entropy_coef: float = 0.0  # entropy bonus: loss -= entropy_coef * entropy (entropy is logged either way)
     gamma: float = 1.0
     lam: float = 0.95
     vf_clip: float = 0.2

@@ -7,7 +7,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .algos.kl import KL_ESTIMATORS
+from .algos.kl_control import KL_CONTROLLERS
+from .algos.losses import LOSS_AGGS
 from .config import Config, LayoutConfig, ModelConfig
+from .validate_algorithm import check_algorithm
 
 
 class ConfigError(ValueError):
@@ -16,8 +20,10 @@ class ConfigError(ValueError):
 
 CHOICES = {
     "algorithm.name": ("grpo", "ppo"),
-    "algorithm.loss_agg": ("token_mean", "seq_mean"),
-    "algorithm.kl_estimator": ("k1", "k3"),
+    "algorithm.loss_agg": (*LOSS_AGGS, "seq_mean"),
+    "algorithm.kl_estimator": tuple(KL_ESTIMATORS),
+    "algorithm.kl_ctrl": KL_CONTROLLERS,
+    "algorithm.grpo_std": ("population", "unbiased"),
     "rollout.engine": ("vllm",),
     "rollout.sync": ("naive", "vps"),
     "task.name": ("arithmetic", "sort_digits", "file"),
@@ -150,6 +156,11 @@ VALUE_RULES: dict[str, tuple] = {
     "algorithm.epochs": (lambda v: v >= 1, "an integer >= 1"),
     "algorithm.mini_batches": (lambda v: v >= 1, "an integer >= 1"),
     "algorithm.micro_batch_size": (lambda v: v >= 1, "an integer >= 1 (rows per forward/backward on a rank)"),
+    "algorithm.entropy_coef": (lambda v: v >= 0, ">= 0 (0 = no entropy bonus; entropy is logged either way)"),
+    "algorithm.clip_ratio_c": (lambda v: v == 0 or v > 1, "0 (dual-clip off) or > 1, e.g. 3.0"),
+    "algorithm.kl_target": (lambda v: v > 0, "> 0 (the KL per token the adaptive controller steers to)"),
+    "algorithm.kl_horizon": (lambda v: v >= 1, "an integer >= 1 (samples)"),
+    "algorithm.loss_norm_len": (lambda v: v >= 0, "an integer >= 0 (0 = rollout.max_new_tokens)"),
     "task.prompts_per_step": (lambda v: v >= 1, "an integer >= 1"),
     "task.eval_size": (lambda v: v >= 1, "an integer >= 1"),
     "task.eval_every": (lambda v: v >= 1, "an integer >= 1 (steps between evaluations)"),
@@ -175,7 +186,7 @@ def check_values(cfg: Config) -> None:
             f"rollout.temperature=0 (greedy) with rollout.n={r.n} draws {r.n} identical samples per prompt, so every "
             f"group advantage is 0 and nothing trains; use rollout.temperature > 0 (e.g. 1.0) or rollout.n=1."
         )
-    if cfg.algorithm.name == "grpo" and r.n < 2:
+    if cfg.algorithm.adv_estimator == "grpo" and r.n < 2:  # other estimators: validate_algorithm
         raise ConfigError(
             f"algorithm.name=grpo with rollout.n={r.n}: GRPO's baseline is the mean reward of a prompt's group, so one "
             f"sample per prompt has advantage 0; use rollout.n >= 2 (e.g. 8), or algorithm=ppo for a learned baseline."
@@ -274,6 +285,7 @@ def check_resources(cfg: Config, under_torchrun: bool) -> None:
 def validate(cfg: Config, under_torchrun: bool = False) -> None:
     check_choices(cfg)
     check_values(cfg)
+    check_algorithm(cfg, ConfigError)
     check_layouts(cfg)
     from .orchestrator.placements import check_placement_config  # here: it imports ConfigError from this module
 

@@ -2,6 +2,9 @@
 
 Tokens are sampled from the policy, so log_ratio = logprobs - ref_logprobs estimates the KL in
 expectation (k1); k2 and k3 are Schulman's lower-variance alternatives (k3 is unbiased and >= 0).
+k3 exponentiates, so its log-ratio is clamped to +-KL_LOG_RATIO_CLAMP (finite value and gradient
+for any input); `low_var_kl` is k3 with the result also capped at LOW_VAR_KL_MAX (veRL's
+estimator of that name), which bounds the penalty of a single token.
 """
 from __future__ import annotations
 
@@ -9,6 +12,9 @@ from typing import Callable
 
 import torch
 from torch import Tensor
+
+KL_LOG_RATIO_CLAMP = 20.0
+LOW_VAR_KL_MAX = 10.0
 
 
 def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
@@ -23,16 +29,23 @@ def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """exp(q - p) - (q - p) - 1 in log space: unbiased, non-negative."""
-    log_ratio = ref_logprobs - logprobs
+    log_ratio = (ref_logprobs - logprobs).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
     # expm1 keeps precision for tiny ratios; the clamp removes rounding just below zero.
     return (torch.expm1(log_ratio) - log_ratio).clamp(min=0.0)
 
 
-KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+def kl_low_var(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k3 capped at LOW_VAR_KL_MAX per token."""
+    return kl_k3(logprobs, ref_logprobs).clamp(max=LOW_VAR_KL_MAX)
+
+
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "low_var_kl": kl_low_var,
+}
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
-    """Per-token KL estimate by estimator name: "k1" | "k2" | "k3". Same shape as inputs."""
+    """Per-token KL estimate by estimator name: "k1" | "k2" | "k3" | "low_var_kl". Same shape as inputs."""
     try:
         fn = KL_ESTIMATORS[estimator]
     except KeyError:

@@ -10,9 +10,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from ..algos.grpo import group_advantages
 from ..algos.kl import kl_penalty
-from ..algos.ppo import gae, token_rewards, whiten
+from ..algos.kl_control import make_kl_controller
 from ..config import Config
 from ..rollout.vllm_engine import VLLMRollout
 from ..tasks.base import Example
@@ -24,7 +23,8 @@ from ..transition.relayout import LayoutSwitch, layout_of, relayout, switch_at
 from ..transition.sync import make_sync
 from ..transition.trace import TraceRecorder, gather_trace, write_chrome_trace
 from ..transition.vps_mover import least_moving_layout, make_vps_mover
-from .batch import Sample, gather_samples, pack, rank_rows, split_rows
+from .advantages import compute_advantages
+from .batch import gather_samples, pack, rank_rows, split_rows
 from .objectives import actor_loss, critic_loss
 from .phases import evaluate, generate, reward_part_means, supervised_warmup
 from .placed_step import change_share, start_placed
@@ -33,6 +33,7 @@ from .setup import (
     RankContext, build_actor, build_critic_engine, build_reference, build_task, model_source, rank_context,
     seed_everything, write_initial_checkpoint,
 )
+from .step_metrics import rollout_metrics
 
 TRACE_FILE = "transition_trace.json"
 
@@ -42,31 +43,6 @@ def mean_over_world(values: dict[str, float]) -> dict[str, float]:
     t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
     dist.all_reduce(t)
     return dict(zip(keys, (t / dist.get_world_size()).tolist()))
-
-
-def advantages_for(cfg: Config, batch: dict, samples: list[Sample], ctx: RankContext, actor, ref, critic) -> dict:
-    """Adds old_logprobs, ref_logprobs, (old_values, returns) and advantages to this rank's batch shard."""
-    alg = cfg.algorithm
-    batch["old_logprobs"] = actor.logprobs(batch["input_ids"], batch["attention_mask"], cfg.rollout.temperature)
-    if ref is not None:
-        batch["ref_logprobs"] = ref.logprobs(batch["input_ids"], batch["attention_mask"], cfg.rollout.temperature)
-    if alg.name == "grpo":
-        rewards = torch.tensor([s.reward for s in samples])
-        advantages = {"a": group_advantages(rewards, cfg.rollout.n, alg.norm_adv_by_std)}
-        batch["advantages"] = rank_rows(advantages, ctx.dp_rank, ctx.dp, alg.mini_batches)["a"]
-        return batch
-    mask = batch["response_mask"]
-    scores = rank_rows({"s": torch.tensor([s.reward for s in samples])}, ctx.dp_rank, ctx.dp, alg.mini_batches)["s"]
-    ref_kl = None
-    if ref is not None and alg.kl_in_reward:
-        ref_kl = kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], "k1")
-    values = critic.values(batch["input_ids"], batch["attention_mask"])
-    # value of the state before token t is read at t-1 (the prefix that predicts token t)
-    values = torch.nn.functional.pad(values[:, :-1], (1, 0)) * mask
-    advantages, returns = gae(token_rewards(scores, mask, ref_kl, alg.kl_coef), values, mask, alg.gamma, alg.lam)
-    advantages = whiten(advantages, mask, reduce=critic.dp_sum)  # whole-batch statistics, whatever the layout
-    batch.update(old_values=values, returns=returns, advantages=advantages)
-    return batch
 
 
 def train_on(engine, batch: dict, loss_fn, alg) -> dict[str, float]:
@@ -140,6 +116,8 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
         ref = build_reference(cfg, source, actor) if cfg.algorithm.kl_coef > 0 else None
         critic = build_critic_engine(cfg, source, actor) if cfg.algorithm.name == "ppo" else None
         rng = random.Random(cfg.trainer.seed + 1)
+        alg = cfg.algorithm
+        kl_ctl = make_kl_controller(alg.kl_ctrl, alg.kl_coef, alg.kl_target, alg.kl_horizon)  # not checkpointed
         schedule = layout_schedule(cfg)
         start = 0
         if resume_from is not None:  # [ckpt] DCP reshards into this run's layout; the schedule's is reached below
@@ -158,7 +136,7 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
                 ctx, (actor, critic, ref), switch = change_layout(ctx, layout, actor, critic, ref, recorder=recorder)
             step_start = time.time()
             metrics = {**switch, **rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync,
-                                           out_dir if tracker else None, placed)}
+                                           out_dir if tracker else None, kl_ctl=kl_ctl, placed=placed)}
             if recorder is not None:  # the phases this rank served, for the timeline
                 record_step_phases(recorder, step, step_start, metrics)
             if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
@@ -187,7 +165,8 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
 
 
 def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync, log_dir=None,
-            placed=None) -> dict[str, float]:
+            kl_ctl=None, placed=None) -> dict[str, float]:
+    kl_ctl = kl_ctl or make_kl_controller("fixed", cfg.algorithm.kl_coef, 0.0, 1)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     prompts: list[Example] = task.train_prompts(step, cfg.task.prompts_per_step, rng)  # same on every rank
@@ -199,18 +178,21 @@ def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, s
     if log_dir is not None and cfg.tracking.sample_log > 0:
         log_samples(log_dir, step, samples, tokenizer, cfg.tracking.sample_log)
     batch = rank_rows(pack(samples, tokenizer.pad_id), ctx.dp_rank, ctx.dp, cfg.algorithm.mini_batches)
-    batch = advantages_for(cfg, batch, samples, ctx, actor, ref, critic)
+    adv_metrics = compute_advantages(cfg, batch, samples, ctx, actor, ref, critic, kl_ctl.value)
     timings["timing_s/prepare"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
+    actor_fn = actor_loss(cfg.algorithm, cfg.rollout.temperature, cfg.rollout.max_new_tokens, kl_ctl.value)
+    critic_fn = critic_loss(cfg.algorithm, cfg.rollout.max_new_tokens)
     placement_metrics = {}
     if placed is not None:  # [placement] actor and critic train at once on their own sets (orchestrator/placed_step)
-        actor_metrics, critic_metrics, placed_timings, placement_metrics = placed.train(cfg, step, batch, actor, critic)
+        actor_metrics, critic_metrics, placed_timings, placement_metrics = placed.train(
+            cfg, step, batch, actor, critic, {"actor": actor_fn, "critic": critic_fn})
         timings.update(placed_timings, **{"timing_s/train": time.perf_counter() - t2})
     else:
-        actor_metrics = train_on(actor, batch, actor_loss(cfg.algorithm, cfg.rollout.temperature), cfg.algorithm)
+        actor_metrics = train_on(actor, batch, actor_fn, cfg.algorithm)
         timings["timing_s/train_actor"] = time.perf_counter() - t2
-        critic_metrics = train_on(critic, batch, critic_loss(cfg.algorithm), cfg.algorithm) if critic else {}
+        critic_metrics = train_on(critic, batch, critic_fn, cfg.algorithm) if critic else {}
         timings["timing_s/train"] = time.perf_counter() - t2
         if critic:
             timings["timing_s/train_critic"] = timings["timing_s/train"] - timings["timing_s/train_actor"]
@@ -221,12 +203,13 @@ def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, s
     placement_metrics.update(change_share(placement_metrics, timings["timing_s/step"]) if placed is not None else {})
 
     rewards = torch.tensor([s.reward for s in samples])
-    lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float64)
     metrics = {
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
         **reward_part_means(samples),
-        "response_length/mean": float(lengths.mean()),
+        **rollout_metrics(samples, cfg.rollout.max_new_tokens, timings["timing_s/gen"], timings["timing_s/train_actor"],
+                          cfg.algorithm.epochs),
+        **adv_metrics,
         **{f"actor/{k}": v for k, v in actor_metrics.items() if k != "loss"},
         **{f"critic/{k}": v for k, v in critic_metrics.items() if k != "loss"},
         "reshard/train_to_rollout/seconds": stats.seconds,
@@ -240,5 +223,8 @@ def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, s
         kl = (kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], "k3") * mask).sum()
         kl_sum, tokens = actor.dp_sum(torch.stack([kl, mask.sum()]))
         metrics["actor/kl"] = float(kl_sum / tokens.clamp(min=1))
+    if ref is not None:
+        metrics["actor/kl_coef"] = kl_ctl.value
+        kl_ctl.update(metrics["actor/kl"], len(samples))  # the same on every rank: actor/kl is a dp-wide mean
     timings = mean_over_world(timings)  # rank-averaged phase times
     return {**metrics, **timings}

@@ -1,62 +1,104 @@
 """Loss functions handed to TrainEngine.step: actor (GRPO/PPO), critic, and supervised warm-up.
 
-Each loss is rescaled so that summing micro-batch gradients and averaging over dp gives exactly the
-gradient of the chosen aggregate over the whole global batch (see TrainEngine's LossNorm).
+Each loss is this micro-batch's numerator of its aggregate divided by the *whole batch's* denominator (tokens,
+non-empty sequences, or rows * norm_len; see algos.losses), so that summing micro-batch gradients and averaging
+over dp gives exactly the gradient of the aggregate over the whole global batch (see TrainEngine's LossNorm),
+however the batch is split, empty responses included.
 """
 from __future__ import annotations
 
 from typing import Callable
 
+import torch
 from torch import Tensor
 
+from ..algos.entropy import token_entropy
 from ..algos.kl import kl_penalty
-from ..algos.losses import aggregate, policy_loss, value_loss
+from ..algos.losses import agg_denominator, aggregate, canonical_agg, policy_loss_tokens, value_loss
 from ..config import AlgorithmConfig
 from ..train.engine import LossNorm, token_logprobs
 
 LossFn = Callable[[object, dict[str, Tensor], LossNorm], tuple[Tensor, dict[str, float]]]
 
 
-def global_scale(mask: Tensor, norm: LossNorm, agg: str) -> Tensor:
-    """Factor turning a micro-batch-local aggregate into its share of the global aggregate."""
+def global_denominator(norm: LossNorm, agg: str, norm_len: int | None) -> float:
+    """The whole batch's count for `agg`, per dp rank (as LossNorm's counts are)."""
+    agg = canonical_agg(agg)
     if agg == "token_mean":
-        return mask.sum() / norm.num_tokens
-    return (mask.sum(-1) > 0).sum() / norm.num_sequences
+        return norm.num_tokens
+    if agg == "seq_mean_token_sum_norm":
+        return norm.num_sequences * float(norm_len)
+    return max(norm.num_nonempty_sequences, 1e-12)
 
 
-AGGREGATED = ("pg_loss", "kl", "vf_loss")  # reduced with loss_agg; every other metric is a masked token mean
+def global_scale(mask: Tensor, norm: LossNorm, agg: str, norm_len: int | None = None) -> Tensor:
+    """Factor turning a micro-batch-local aggregate into its share of the global aggregate."""
+    return agg_denominator(mask, agg, norm_len) / global_denominator(norm, agg, norm_len)
 
 
-def global_shares(metrics: dict[str, Tensor], mask: Tensor, norm: LossNorm, agg: str) -> dict[str, float]:
+AGGREGATED = ("pg_loss", "kl", "vf_loss", "entropy_loss")  # reduced with loss_agg; others are masked token means
+
+
+def global_shares(metrics: dict[str, Tensor], mask: Tensor, norm: LossNorm, agg: str,
+                  norm_len: int | None = None) -> dict[str, float]:
     """Each micro-batch metric times its share of the global batch, so that the engine's sum over micro-batches and
     mean over dp is the whole batch's value, however the layout splits it into micro-batches."""
-    return {k: float(v * global_scale(mask, norm, agg if k in AGGREGATED else "token_mean"))
+    return {k: float(v * (global_scale(mask, norm, agg, norm_len) if k in AGGREGATED
+                          else global_scale(mask, norm, "token_mean")))
             for k, v in metrics.items()}
 
 
-def actor_loss(alg: AlgorithmConfig, temperature: float) -> LossFn:
-    kl_in_loss = alg.kl_coef > 0 and not (alg.name == "ppo" and alg.kl_in_reward)
+def loss_norm_len(alg: AlgorithmConfig, max_new_tokens: int) -> int:
+    return alg.loss_norm_len or max_new_tokens
+
+
+def kl_in_loss(alg: AlgorithmConfig) -> bool:
+    return alg.kl_coef > 0 and not alg.kl_in_reward
+
+
+def actor_loss(alg: AlgorithmConfig, temperature: float, max_new_tokens: int = 0,
+               kl_coef: float | None = None) -> LossFn:
+    """kl_coef: the controller's current coefficient (default alg.kl_coef)."""
+    coef = alg.kl_coef if kl_coef is None else kl_coef
+    agg, norm_len = alg.loss_agg, loss_norm_len(alg, max_new_tokens)
+    dual_clip = alg.clip_ratio_c if alg.clip_ratio_c > 0 else None
 
     def loss_fn(out, mb: dict[str, Tensor], norm: LossNorm) -> tuple[Tensor, dict[str, float]]:
         mask = mb["response_mask"]
         logprobs = token_logprobs(out.logits, mb["input_ids"], temperature)
-        loss, metrics = policy_loss(
-            logprobs, mb["old_logprobs"], mb["advantages"], mask, alg.clip_eps_low, alg.clip_eps_high, alg.loss_agg
-        )
-        if kl_in_loss:
-            kl = aggregate(kl_penalty(logprobs, mb["ref_logprobs"], alg.kl_estimator), mask, alg.loss_agg)
-            loss = loss + alg.kl_coef * kl
+        loss_mat, terms = policy_loss_tokens(logprobs, mb["old_logprobs"], mb["advantages"], mask,
+                                             alg.clip_eps_low, alg.clip_eps_high, dual_clip)
+        loss = aggregate(loss_mat, mask, agg, norm_len)
+        metrics = {"pg_loss": loss.detach(), **{k: _token_mean(v, mask) for k, v in terms.items()}}
+        # entropy from the logits this forward already made; a graph only when the bonus needs its gradient
+        with torch.set_grad_enabled(alg.entropy_coef > 0 and torch.is_grad_enabled()):
+            entropy = token_entropy(out.logits, temperature)
+        metrics["entropy"] = _token_mean(entropy.detach(), mask)
+        if alg.entropy_coef > 0:
+            entropy_agg = aggregate(entropy, mask, agg, norm_len)
+            loss = loss - alg.entropy_coef * entropy_agg
+            metrics["entropy_loss"] = entropy_agg.detach()
+        if kl_in_loss(alg):
+            kl = aggregate(kl_penalty(logprobs, mb["ref_logprobs"], alg.kl_estimator), mask, agg, norm_len)
+            loss = loss + coef * kl
             metrics["kl"] = kl.detach()
-        return loss * global_scale(mask, norm, alg.loss_agg), global_shares(metrics, mask, norm, alg.loss_agg)
+        return loss * global_scale(mask, norm, agg, norm_len), global_shares(metrics, mask, norm, agg, norm_len)
 
     return loss_fn
 
 
-def critic_loss(alg: AlgorithmConfig) -> LossFn:
+def _token_mean(values: Tensor, mask: Tensor) -> Tensor:
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def critic_loss(alg: AlgorithmConfig, max_new_tokens: int = 0) -> LossFn:
+    agg, norm_len = alg.loss_agg, loss_norm_len(alg, max_new_tokens)
+
     def loss_fn(out, mb: dict[str, Tensor], norm: LossNorm) -> tuple[Tensor, dict[str, float]]:
         mask = mb["response_mask"]
-        loss, metrics = value_loss(out.values, mb["old_values"], mb["returns"], mask, alg.vf_clip, alg.loss_agg)
-        return loss * global_scale(mask, norm, alg.loss_agg), global_shares(metrics, mask, norm, alg.loss_agg)
+        loss, metrics = value_loss(out.values, mb["old_values"], mb["returns"], mask, alg.vf_clip, agg, norm_len)
+        return loss * global_scale(mask, norm, agg, norm_len), global_shares(metrics, mask, norm, agg, norm_len)
 
     return loss_fn
 

@@ -24,7 +24,6 @@ from ..tracking.timeline import PHASE_PREFIX
 from ..train.engine import TrainEngine
 from ..transition.role_move import RoleMoveStats, engine_on, move_role_state, set_spec
 from .batch import rank_rows
-from .objectives import actor_loss, critic_loss
 from .placements import placement_of
 
 LIVE_MOVE_POLICIES = ("lend",)  # policies whose role moves the loop executes (colocate has none)
@@ -99,15 +98,15 @@ class PlacedTraining:
     def _spec(self, slot: RoleSlot):
         return set_spec(slot.ranks.first, slot.ranks.size, self.tp)  # type: ignore[union-attr]
 
-    def train(self, cfg: Config, step: int, batch: dict, actor: TrainEngine, critic: TrainEngine) -> tuple[dict, dict, dict, dict]:
-        """Collective. Moves the roles out, trains each lent engine on its rows of the step (concurrently across
-        the sets), moves them home. Returns (actor metrics, critic metrics, timings, placement metrics)."""
+    def train(self, cfg: Config, step: int, batch: dict, actor: TrainEngine, critic: TrainEngine,
+              losses: dict[str, object]) -> tuple[dict, dict, dict, dict]:
+        """Collective. Moves the roles out, trains each lent engine on its rows of the step with its role's loss
+        (concurrently across the sets), moves them home. Returns (actor, critic, timings, placement) metrics."""
         from .loop import train_on  # the loop imports this module
 
         alg, home = cfg.algorithm, {ACTOR: actor, CRITIC: critic}
         full = whole_batch(batch, actor, alg.mini_batches)
         metrics = self.enter(TRAIN_ACTOR, home)
-        losses = {ACTOR: actor_loss(alg, cfg.rollout.temperature), CRITIC: critic_loss(alg)}
         trained: dict[str, tuple[dict, float]] = {}
         for role, engine in self.lent.items():
             wall, t0 = time.time(), time.perf_counter()

@@ -26,6 +26,7 @@ from rlhf_dyna.train.parallelize import parallelize
 class LossNorm:
     num_tokens: float  # sum of batch[loss_mask_key] over the dp group / dp size
     num_sequences: float  # sequences in the dp group's batch / dp size
+    num_nonempty_sequences: float = 0.0  # those with at least one loss-mask token / dp size (seq-mean losses)
 
 
 LossFn = Callable[[object, dict[str, Tensor], LossNorm], tuple[Tensor, dict[str, float]]]
@@ -119,8 +120,10 @@ class TrainEngine:
         self.model.train()
         mask = batch.get(self.loss_mask_key)
         tokens = float(mask.sum()) if mask is not None else 0.0
-        total_tokens, total_seqs = self._dp_sum([tokens, float(batch["input_ids"].shape[0])])
-        norm = LossNorm(num_tokens=max(total_tokens, 1.0) / self.dp_size, num_sequences=total_seqs / self.dp_size)
+        nonempty = float((mask.sum(-1) > 0).sum()) if mask is not None else 0.0
+        total_tokens, total_seqs, total_nonempty = self._dp_sum([tokens, float(batch["input_ids"].shape[0]), nonempty])
+        norm = LossNorm(num_tokens=max(total_tokens, 1.0) / self.dp_size, num_sequences=total_seqs / self.dp_size,
+                        num_nonempty_sequences=max(total_nonempty, 1.0) / self.dp_size)
         self.optimizer.zero_grad(set_to_none=True)
         summed: dict[str, float] = {}
         for micro_batch in self._micro_batches(batch):

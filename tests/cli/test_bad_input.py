@@ -39,6 +39,7 @@ CASES = [
       "parallel.train.tp=4", "parallel.nodes=1", "task.prompts_per_step=8"], "does not run live yet"),
     (["parallel.world_size=4", "parallel.train.pp=2"], "parallel.train.pp=2 does not run live yet"),
     (["rollout.n=1"], "GRPO's baseline is the mean reward of a prompt's group"),
+    (["algorithm.adv_estimator=gae"], "gae needs the critic that only algorithm.name=ppo trains"),
     (["algorithm.mini_batches=3"], "do not split into algorithm.mini_batches=3 x dp=2 equal shards"),
 ]
 
