@@ -22,7 +22,7 @@ from ..elastic.placement import ACTOR, CRITIC, GENERATE, TRAIN_ACTOR, Change, Pl
 from ..elastic.world_builder import BuiltWorld, WorldBuilder, mesh_key
 from ..tracking.timeline import PHASE_PREFIX
 from ..train.engine import TrainEngine
-from ..transition.role_move import RoleMoveStats, engine_on, move_role_state, set_spec
+from ..transition.role_move import ParkedState, RoleMoveStats, engine_on, move_role_state, set_spec
 from .batch import rank_rows
 from .placements import placement_of
 
@@ -62,6 +62,7 @@ class PlacedTraining:
     rank: int
     recorder: object = None
     lent: dict[str, TrainEngine] = field(default_factory=dict)  # role -> its engine on this rank's set (members)
+    parked: dict[str, ParkedState] = field(default_factory=dict)  # role -> its home state's storages while lent
 
     def _world(self) -> tuple[BuiltWorld, float]:
         t0 = time.perf_counter()
@@ -90,8 +91,13 @@ class PlacedTraining:
             src = self._engine_in(change.role, change.src, home, world)
             dst = self._engine_in(change.role, change.dst, home, world)
             fault_point(change.name, self.rank)
+            if dst is home[change.role] and change.role in self.parked:
+                self.parked.pop(change.role).unpark()  # storage back; the move fills it
             stats = move_role_state(src, dst, self._spec(change.src), self._spec(change.dst), reference=home[change.role],
                                     recorder=self.recorder, trace_name=change.name)
+            if src is home[change.role]:  # lent: the home copy's memory is free for the set that trains here
+                self.parked[change.role] = ParkedState()
+                metrics[f"placement/{change.role}_parked_bytes"] = float(self.parked[change.role].park(src))
             metrics.update(move_metrics(change, stats))
         return metrics
 

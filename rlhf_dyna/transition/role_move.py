@@ -119,3 +119,35 @@ def move_role_state(source: TrainEngine | None, destination: TrainEngine | None,
             destination.materialize_replicas()
     moved = int(t.schedule.plan.pair_bytes().sum())  # sends between ranks: the same on every rank, no collective
     return RoleMoveStats(time.perf_counter() - start, moved, stats.rounds, stats.peak_extra_bytes)
+
+
+def _storages(engine: TrainEngine) -> dict[int, torch.UntypedStorage]:
+    """The distinct storages behind the engine's sharded parameters and AdamW moments (FSDP2 keeps a padded flat
+    buffer per parameter; the local shard is a view of it)."""
+    out = {}
+    for (_, kind), tensor in bind_train_state(engine).items():
+        local = tensor._local_tensor if hasattr(tensor, "_local_tensor") else tensor
+        storage = local.untyped_storage()
+        out.setdefault(storage.data_ptr(), storage)
+    return out
+
+
+class ParkedState:
+    """Frees a role's home state while the role is lent (its bytes live on the lent set), and gives the storages
+    their size back before the role moves home, where the move overwrites every element that matters."""
+
+    def __init__(self) -> None:
+        self._sizes: dict[int, tuple[torch.UntypedStorage, int]] = {}
+
+    def park(self, engine: TrainEngine) -> int:
+        freed = 0
+        for storage in _storages(engine).values():
+            self._sizes[id(storage)] = (storage, storage.nbytes())
+            freed += storage.nbytes()
+            storage.resize_(0)
+        return freed
+
+    def unpark(self) -> None:
+        for storage, nbytes in self._sizes.values():
+            storage.resize_(nbytes)
+        self._sizes.clear()
