@@ -55,7 +55,8 @@ def train_on(engine, batch: dict, loss_fn, alg) -> dict[str, float]:
 
 def layout_schedule(cfg: Config) -> list[LayoutSwitch]:
     world = cfg.parallel.world_size
-    return [LayoutSwitch(s.step, world // s.tp if s.dp == -1 else s.dp, s.tp, s.zero) for s in cfg.parallel.schedule]
+    return [LayoutSwitch(s.step, world // (s.tp * s.pp) if s.dp == -1 else s.dp, s.tp, s.zero, s.pp,
+                         cfg.parallel.train.pp_schedule) for s in cfg.parallel.schedule]
 
 
 def change_layout(ctx: RankContext, layout, *engines, recorder: TraceRecorder | None = None):
@@ -83,7 +84,7 @@ def change_layout(ctx: RankContext, layout, *engines, recorder: TraceRecorder | 
     if ctx.rank == 0:
         print(f"rlhf_dyna: training layout {before.describe()} -> {layout.describe()}: moved "
               f"{totals['bytes_moved'] / 2**20:,.1f} MiB in {totals['seconds']:.3f} s", flush=True)
-    new_ctx = replace(ctx, dp=layout.dp, tp=layout.tp, tp_outer=layout.tp_outer)
+    new_ctx = replace(ctx, dp=layout.dp, tp=layout.tp, tp_outer=layout.tp_outer, pp=layout.pp)
     return new_ctx, moved, {f"reshard/train_relayout/{k}": v for k, v in totals.items()}
 
 
@@ -218,6 +219,7 @@ def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, s
         "reshard/train_to_rollout/peak_extra_bytes": float(stats.peak_extra_bytes),
         **placement_metrics,
     }
+    metrics.update(actor.pipeline_metrics() if hasattr(actor, "pipeline_metrics") else {})  # pp/bubble_fraction
     if "actor/kl" not in metrics and ref is not None:
         mask = batch["response_mask"]
         kl = (kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], "k3") * mask).sum()
