@@ -252,12 +252,14 @@ def execute(
     trace: TraceRecorder | None = None,
     trace_name: str = "vps",
     release: Callable[[str], None] | None = None,
+    first_round: int = 0,
 ) -> ExecStats:
     """Collective over `group`: every rank runs its own plan of the same schedule.
 
     `release(name)` (in-place transitions) is called once per source buffer right after the last round that
     reads it, so its storage can be freed while later rounds still run. With `verify`, every destination
-    region is checked against a checksum of its source afterwards (see `verify.check_destination`)."""
+    region is checked against a checksum of its source afterwards (see `verify.check_destination`).
+    `first_round` numbers the traced rounds of a transition run as several plans (layer groups) as one."""
     p = plan if isinstance(plan, PreparedPlan) else prepare(plan)
     check_buffers(p, src_buffers, dst_buffers)
     some = next(iter({**src_buffers, **dst_buffers}.values()), None)
@@ -293,7 +295,7 @@ def execute(
             out_bytes, in_bytes = sum(map(payload, p.sends[r].values())), sum(map(payload, p.recvs[r].values()))
             sent, received, messages = sent + out_bytes, received + in_bytes, messages + len(round_works)
             if trace is not None:  # rounds run together share their window's span
-                trace.add(trace_name, r, window_start, duration, dict(bytes_sent=out_bytes, bytes_received=in_bytes,
+                trace.add(trace_name, first_round + r, window_start, duration, dict(bytes_sent=out_bytes, bytes_received=in_bytes,
                           messages=len(round_works), staged_bytes=io.staged_bytes, window=f"{i}-{j - 1}"))
         peak = max(peak, io.staged_bytes)
         i = j

@@ -75,8 +75,9 @@ class VpsSync(WeightSync):
         return SyncStats(seconds=seconds, bytes_moved=int(total), rounds=self.last.rounds,
                          peak_extra_bytes=staged + self.last.peak_extra_bytes)
 
-    def _execute(self, t, src, dst) -> ExecStats:
-        return execute(t.rank_plan, src, dst, verify=self.verify, trace=self.recorder, trace_name="train_to_rollout")
+    def _execute(self, t, src, dst, first_round: int = 0) -> ExecStats:
+        return execute(t.rank_plan, src, dst, verify=self.verify, trace=self.recorder, trace_name="train_to_rollout",
+                       first_round=first_round)
 
     def _grouped(self, params, src_catalog, dst_catalog, src_spec, dst_spec, destination: VllmDestination,
                  rollout: VLLMRollout) -> tuple[list[ExecStats], int]:
@@ -94,7 +95,7 @@ class VpsSync(WeightSync):
                             (Kind.PARAM,), self.budget_bytes // 2, rank)
                 src = bind_train_buffers({k: v for k, v in params.items() if k[0] in names}, t.src, rank, t.src_buffers)
                 staged = destination.buffers(t.dst)
-                stats.append(self._execute(t, src, staged))
+                stats.append(self._execute(t, src, staged, first_round=sum(s.rounds for s in stats)))  # one traced sync
                 alive = alive[-1:] + [sum(b.numel() * b.element_size() for b in staged.values())]
                 peak_staged = max(peak_staged, sum(alive) if self.overlap_install else alive[-1])
                 if self.on_staged is not None:
