@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
 from rlhf_dyna.transition.views import TORCH_DTYPES
+from rlhf_dyna.transition.vllm_moe_cpu import repack_installed_experts
 from rlhf_dyna.vps.layout import Layout
 from rlhf_dyna.vps import spec as vps_spec
 from rlhf_dyna.vps.spec import ParallelSpec
@@ -103,9 +104,11 @@ def install_staged(model: nn.Module, vllm_config, staged: dict[str, Tensor], gro
     from vllm.model_executor.model_loader.reload.meta import materialize_layer
 
     per_layer: dict[str, dict[str, Tensor]] = {}
+    first_name: dict[int, str] = {}  # module id -> one of its names: MoE's FusedMoE also reaches the router as .gate
     for name, tensor in staged.items():
         for alias in groups[name]:  # a tied lm_head is processed (repacked) from the same tensor
             layer_name, _, attr = alias.rpartition(".")
+            layer_name = first_name.setdefault(id(model.get_submodule(layer_name)), layer_name)
             per_layer.setdefault(layer_name, {})[attr] = tensor
     with set_current_vllm_config(vllm_config):
         initialize_layerwise_reload(model)  # every layer back to model format, on meta; kernel tensors kept
@@ -123,4 +126,5 @@ def install_staged(model: nn.Module, vllm_config, staged: dict[str, Tensor], gro
                                      f"staged {tuple(tensor.shape)} {tensor.dtype}")
                 param.data = tensor  # adopt the staged storage: no copy before the repack
             _layerwise_process(layer, info)  # process_weights_after_loading, copy into the kernel tensors
+            repack_installed_experts(layer)  # CPU MoE: vLLM skips its expert prepack on updates
         finalize_layerwise_reload(model, vllm_config.model_config)  # layers we did not touch get their tensors back
