@@ -43,4 +43,4 @@ def moe_live_problems(cfg: Config, on_cpu: bool) -> list[str]:
 def check_moe_live(cfg: Config, on_cpu: bool) -> None:
     problems = moe_live_problems(cfg, on_cpu)
     if problems:
-        raise MoeConfigError("This MoE run cannot run live: " + "; ".join(problems) + ".")
+        raise MoeConfigError("This MoE configuration does not run live yet: " + "; ".join(problems) + ".")
