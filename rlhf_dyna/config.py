@@ -41,6 +41,7 @@ class LayoutConfig:
     ep: int = 1
     cp: int = 1
     zero: int = 3  # 3 = FSDP (params, grads, optimizer sharded); 1 = optimizer state sharded only
+    pp_schedule: str = "1F1B"  # 1F1B | GPipe: the micro-batch schedule of pipeline layouts (train.pipeline_engine)
 
 
 @dataclass
@@ -48,9 +49,10 @@ class LayoutSwitchConfig:
     """From `step` on (before it trains), the actor (and critic, reference) train in (dp, tp, zero)."""
 
     step: int = 1
-    dp: int = -1  # -1: world_size // tp
+    dp: int = -1  # -1: world_size // (tp * pp)
     tp: int = 1
     zero: int = 3
+    pp: int = 1  # pipeline stages of this layout (train.pipeline_engine)
 
 
 @dataclass

@@ -40,6 +40,12 @@ class ParallelDims:
     def rollout_spec(self, first_rank: int = 0) -> ParallelSpec:
         return rollout_spec(self.rollout_tp, self.rollout_replicas, first_rank)
 
+    def train_mesh(self):
+        """The training DeviceMesh: ("pp", "dp", "tp") with pipeline stages, else ("dp", "tp"). Collective."""
+        from .train.mesh import build_mesh, build_pp_mesh  # deferred: the dry run maps configs without torch.distributed
+
+        return build_pp_mesh(self.pp, self.dp, self.tp) if self.pp > 1 else build_mesh(self.dp, self.tp)
+
     def train_to_rollout(self) -> tuple[ParallelSpec, ParallelSpec]:
         """The per-step weight sync: the training layout -> vLLM's layout."""
         return self.train_spec(), self.rollout_spec()

@@ -99,14 +99,14 @@ def check_layout_schedule(cfg: Config) -> None:
         if switch.zero not in (1, 2, 3):
             raise ConfigError(f"{where}: zero={switch.zero}; valid: 1, 2, 3.")
         check_tp(cfg.model, switch.tp, f"{where} tp", allow_kv_replication=False)
-        dp = world // switch.tp if switch.dp == -1 else switch.dp
-        if dp * switch.tp != world:
+        dp = world // (switch.tp * switch.pp) if switch.dp == -1 else switch.dp
+        if dp * switch.tp * switch.pp != world:
             raise ConfigError(
-                f"{where}: dp*tp = {dp}*{switch.tp} = {dp * switch.tp} but parallel.world_size={world}; "
-                f"choose tp among {divisors(world)} and dp = world_size // tp (or dp=-1)."
+                f"{where}: dp*tp*pp = {dp}*{switch.tp}*{switch.pp} = {dp * switch.tp * switch.pp} but "
+                f"parallel.world_size={world}; choose tp*pp among {divisors(world)} and dp = world_size // (tp*pp) (or dp=-1)."
             )
-        if cfg.parallel.train.pp * cfg.parallel.train.cp != 1:
-            raise ConfigError(f"{where}: layout changes are supported for dp x tp training layouts (pp=cp=1).")
+        if cfg.parallel.train.cp != 1:
+            raise ConfigError(f"{where}: layout changes are supported for dp x tp and pp x dp training layouts (cp=1).")
 
 
 def check_layouts(cfg: Config) -> None:
@@ -195,7 +195,7 @@ def check_values(cfg: Config) -> None:
 
 
 LIVE_SUPPORT = ("Live runs support dense models (llama, qwen2, qwen3) trained in dp x tp layouts (FSDP2 at zero 1-3, "
-                "DTensor tensor parallel) with vLLM rollout at any rollout.tp; dry_run=true plans every layout, "
+                "DTensor tensor parallel) and pp x dp pipeline layouts with vLLM rollout at any rollout.tp; dry_run=true plans every layout, "
                 "pipeline / context / expert parallel and MoE included.")
 
 
@@ -208,20 +208,25 @@ def check_runs_live(cfg: Config) -> None:
         except MoeConfigError as err:
             raise ConfigError(str(err)) from err
     ep_refused_above_moe = ("ep",) if not is_moe(cfg) else ()
-    unsupported = [f"parallel.train.{name}={getattr(t, name)}" for name in ("pp", "cp") + ep_refused_above_moe
+    unsupported = [f"parallel.train.{name}={getattr(t, name)}" for name in ("cp",) + ep_refused_above_moe
                    if getattr(t, name) > 1]
     if unsupported:
         raise ConfigError(
-            f"{', '.join(unsupported)} does not run live yet. {LIVE_SUPPORT} Set parallel.train.pp=1 cp=1 ep=1 with a "
+            f"{', '.join(unsupported)} does not run live yet. {LIVE_SUPPORT} Set parallel.train.cp=1 ep=1 with a "
             f"dense model, or add dry_run=true to plan this configuration without devices."
         )
+    from .validate_pp import pipeline_problems
+
+    problems = pipeline_problems(cfg)
+    if problems:
+        raise ConfigError("Pipeline-parallel settings cannot run: " + "; ".join(problems) + ".")
 
 
 def check_batch_split(cfg: Config) -> None:
     """Each step's rows (prompts x samples) split into mini-batches, each into equal dp shards, in every layout."""
     rows, minis = cfg.task.prompts_per_step * cfg.rollout.n, cfg.algorithm.mini_batches
     world = cfg.parallel.world_size
-    dps = {resolve_dp(cfg.parallel.train, world)} | {world // s.tp if s.dp == -1 else s.dp for s in cfg.parallel.schedule}
+    dps = {resolve_dp(cfg.parallel.train, world)} | {world // (s.tp * s.pp) if s.dp == -1 else s.dp for s in cfg.parallel.schedule}
     for dp in sorted(dps):
         if rows % (minis * dp):
             raise ConfigError(

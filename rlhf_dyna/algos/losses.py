@@ -68,7 +68,6 @@ def policy_loss_tokens(
     logprobs: Tensor,
     old_logprobs: Tensor,
     advantages: Tensor,
-    response_mask: Tensor,
     clip_eps_low: float,
     clip_eps_high: float,
     clip_ratio_c: float | None = None,
@@ -116,8 +115,7 @@ def policy_loss(
     ordinary clip removed), pg_clipfrac_lower (fraction capped by dual-clip), ppo_kl (k1 of KL(old || new)),
     ratio_mean.
     """
-    loss_mat, terms = policy_loss_tokens(logprobs, old_logprobs, advantages, response_mask, clip_eps_low,
-                                         clip_eps_high, clip_ratio_c)
+    loss_mat, terms = policy_loss_tokens(logprobs, old_logprobs, advantages, clip_eps_low, clip_eps_high, clip_ratio_c)
     loss = aggregate(loss_mat, response_mask, agg, norm_len)
     metrics = {"pg_loss": loss.detach(), **{k: masked_mean(v, response_mask) for k, v in terms.items()}}
     return loss, metrics

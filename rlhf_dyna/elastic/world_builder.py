@@ -67,13 +67,14 @@ def placement_specs(placement: Placement) -> tuple[list[ParallelSpec], list[Rank
 class WorldBuilder:
     """Builds the meshes and groups of `placements`, in order, on one background thread; `get` waits if needed."""
 
-    def __init__(self, placements: list[Placement]):
+    def __init__(self, placements: list[Placement], known: dict[tuple, DeviceMesh] | None = None):
+        """`known`: meshes that exist already, by mesh_key (the engines' home mesh), so they are not built twice."""
         self._placements = placements
         self._worlds: dict[str, BuiltWorld] = {}
         self._ready = {p.key(): threading.Event() for p in placements}
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="rlhf_dyna-world-builder", daemon=True)
-        self._mesh_cache: dict[tuple, DeviceMesh] = {}
+        self._mesh_cache: dict[tuple, DeviceMesh] = dict(known or {})
         self._group_cache: dict[RankSet, object] = {}
 
     def start(self) -> WorldBuilder:

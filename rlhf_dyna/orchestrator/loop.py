@@ -27,6 +27,7 @@ from .advantages import compute_advantages
 from .batch import gather_samples, pack, rank_rows, split_rows
 from .objectives import actor_loss, critic_loss
 from .phases import evaluate, generate, reward_part_means, supervised_warmup
+from .placed_step import change_share, start_placed
 from .resume import checkpoint_and_export, export_policy, restore_run, resumed_switch, save_due
 from .setup import (
     RankContext, build_actor, build_critic_engine, build_reference, build_task, model_source, rank_context,
@@ -54,7 +55,8 @@ def train_on(engine, batch: dict, loss_fn, alg) -> dict[str, float]:
 
 def layout_schedule(cfg: Config) -> list[LayoutSwitch]:
     world = cfg.parallel.world_size
-    return [LayoutSwitch(s.step, world // s.tp if s.dp == -1 else s.dp, s.tp, s.zero) for s in cfg.parallel.schedule]
+    return [LayoutSwitch(s.step, world // (s.tp * s.pp) if s.dp == -1 else s.dp, s.tp, s.zero, s.pp,
+                         cfg.parallel.train.pp_schedule) for s in cfg.parallel.schedule]
 
 
 def change_layout(ctx: RankContext, layout, *engines, recorder: TraceRecorder | None = None):
@@ -82,7 +84,7 @@ def change_layout(ctx: RankContext, layout, *engines, recorder: TraceRecorder | 
     if ctx.rank == 0:
         print(f"rlhf_dyna: training layout {before.describe()} -> {layout.describe()}: moved "
               f"{totals['bytes_moved'] / 2**20:,.1f} MiB in {totals['seconds']:.3f} s", flush=True)
-    new_ctx = replace(ctx, dp=layout.dp, tp=layout.tp, tp_outer=layout.tp_outer)
+    new_ctx = replace(ctx, dp=layout.dp, tp=layout.tp, tp_outer=layout.tp_outer, pp=layout.pp)
     return new_ctx, moved, {f"reshard/train_relayout/{k}": v for k, v in totals.items()}
 
 
@@ -102,7 +104,7 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
     recorder = TraceRecorder(ctx.rank, bound) if cfg.tracking.transition_trace else None
     # only the VPS executor has rounds to trace; naive's gathers are not traced
     sync = make_sync(cfg.rollout.sync, **({"recorder": recorder} if cfg.rollout.sync == "vps" else {}))
-    tracker = None
+    tracker, placed = None, None
     if ctx.rank == 0:
         run_config = OmegaConf.to_container(OmegaConf.structured(cfg))
         tracker = Tracker(out_dir, asdict(cfg.tracking), cfg.tracking.console, cfg.trainer.total_steps, run_config)
@@ -123,6 +125,7 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
             state = restore_run(resume_from, {"actor": actor, "critic": critic, "reference": ref}, task)
             start, rng = state.step, state.loop_rng
         sync.sync(actor, rollout)  # vLLM generates with the (resumed) actor's weights
+        placed = start_placed(cfg, actor, recorder)  # [placement] lend: its sets' groups build in the background
         if start == 0:
             metrics = {**warmup, **evaluate(cfg, rollout, task, tokenizer, ctx)}
             if tracker:
@@ -134,7 +137,7 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
                 ctx, (actor, critic, ref), switch = change_layout(ctx, layout, actor, critic, ref, recorder=recorder)
             step_start = time.time()
             metrics = {**switch, **rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync,
-                                           out_dir if tracker else None, kl_ctl=kl_ctl)}
+                                           out_dir if tracker else None, kl_ctl=kl_ctl, placed=placed)}
             if recorder is not None:  # the phases this rank served, for the timeline
                 record_step_phases(recorder, step, step_start, metrics)
             if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
@@ -150,14 +153,20 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
             if ctx.rank == 0:
                 write_chrome_trace(events, out_dir / TRACE_FILE)
                 write_timeline_png(events, out_dir / TIMELINE_FILE, title=f"{cfg.recipe}: phases and transitions")
+    except BaseException:
+        rollout = None  # a failed rank leaves at once: shutdown's barrier would wait on peers stuck in a collective
+        raise
     finally:
         if tracker:
             tracker.close()
-        rollout.shutdown()
+        if placed is not None and rollout is not None:
+            placed.close()
+        if rollout is not None:
+            rollout.shutdown()
 
 
 def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, sync, log_dir=None,
-            kl_ctl=None) -> dict[str, float]:
+            kl_ctl=None, placed=None) -> dict[str, float]:
     kl_ctl = kl_ctl or make_kl_controller("fixed", cfg.algorithm.kl_coef, 0.0, 1)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -175,17 +184,24 @@ def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, s
 
     t2 = time.perf_counter()
     actor_fn = actor_loss(cfg.algorithm, cfg.rollout.temperature, cfg.rollout.max_new_tokens, kl_ctl.value)
-    actor_metrics = train_on(actor, batch, actor_fn, cfg.algorithm)
-    timings["timing_s/train_actor"] = time.perf_counter() - t2
     critic_fn = critic_loss(cfg.algorithm, cfg.rollout.max_new_tokens)
-    critic_metrics = train_on(critic, batch, critic_fn, cfg.algorithm) if critic else {}
-    timings["timing_s/train"] = time.perf_counter() - t2
-    if critic:
-        timings["timing_s/train_critic"] = timings["timing_s/train"] - timings["timing_s/train_actor"]
+    placement_metrics = {}
+    if placed is not None:  # [placement] actor and critic train at once on their own sets (orchestrator/placed_step)
+        actor_metrics, critic_metrics, placed_timings, placement_metrics = placed.train(
+            cfg, step, batch, actor, critic, {"actor": actor_fn, "critic": critic_fn})
+        timings.update(placed_timings, **{"timing_s/train": time.perf_counter() - t2})
+    else:
+        actor_metrics = train_on(actor, batch, actor_fn, cfg.algorithm)
+        timings["timing_s/train_actor"] = time.perf_counter() - t2
+        critic_metrics = train_on(critic, batch, critic_fn, cfg.algorithm) if critic else {}
+        timings["timing_s/train"] = time.perf_counter() - t2
+        if critic:
+            timings["timing_s/train_critic"] = timings["timing_s/train"] - timings["timing_s/train_actor"]
 
     stats = sync.sync(actor, rollout)
     timings["timing_s/weight_sync"] = stats.seconds
     timings["timing_s/step"] = time.perf_counter() - t0
+    placement_metrics.update(change_share(placement_metrics, timings["timing_s/step"]) if placed is not None else {})
 
     rewards = torch.tensor([s.reward for s in samples])
     metrics = {
@@ -201,7 +217,9 @@ def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, s
         "reshard/train_to_rollout/bytes_moved": float(stats.bytes_moved),
         "reshard/train_to_rollout/rounds": float(stats.rounds),
         "reshard/train_to_rollout/peak_extra_bytes": float(stats.peak_extra_bytes),
+        **placement_metrics,
     }
+    metrics.update(actor.pipeline_metrics() if hasattr(actor, "pipeline_metrics") else {})  # pp/bubble_fraction
     if "actor/kl" not in metrics and ref is not None:
         mask = batch["response_mask"]
         kl = (kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], "k3") * mask).sum()

@@ -28,7 +28,11 @@ def global_denominator(norm: LossNorm, agg: str, norm_len: int | None) -> float:
         return norm.num_tokens
     if agg == "seq_mean_token_sum_norm":
         return norm.num_sequences * float(norm_len)
-    return max(norm.num_nonempty_sequences, 1e-12)
+    if norm.num_nonempty_sequences <= 0:  # the engine clamps a real count to >= 1 / dp; 0 means it never counted
+        raise ValueError(f"loss_agg={agg} divides by the batch's non-empty sequences, but the engine's LossNorm has "
+                         f"num_nonempty_sequences={norm.num_nonempty_sequences}; the engine must count the rows with "
+                         f"at least one loss-mask token over the dp group (TrainEngine.step does), or use token_mean.")
+    return norm.num_nonempty_sequences
 
 
 def global_scale(mask: Tensor, norm: LossNorm, agg: str, norm_len: int | None = None) -> Tensor:
@@ -66,7 +70,7 @@ def actor_loss(alg: AlgorithmConfig, temperature: float, max_new_tokens: int = 0
     def loss_fn(out, mb: dict[str, Tensor], norm: LossNorm) -> tuple[Tensor, dict[str, float]]:
         mask = mb["response_mask"]
         logprobs = token_logprobs(out.logits, mb["input_ids"], temperature)
-        loss_mat, terms = policy_loss_tokens(logprobs, mb["old_logprobs"], mb["advantages"], mask,
+        loss_mat, terms = policy_loss_tokens(logprobs, mb["old_logprobs"], mb["advantages"],
                                              alg.clip_eps_low, alg.clip_eps_high, dual_clip)
         loss = aggregate(loss_mat, mask, agg, norm_len)
         metrics = {"pg_loss": loss.detach(), **{k: _token_mean(v, mask) for k, v in terms.items()}}

@@ -46,7 +46,7 @@ def generate(cfg: Config, rollout, task: Task, tokenizer: Tokenizer, prompts: li
     outputs = rollout.generate(
         ids, n=n, temperature=0.0 if greedy else r.temperature, top_p=1.0 if greedy else r.top_p,
         top_k=-1 if greedy else r.top_k, max_tokens=r.max_new_tokens, stop_token_ids=tokenizer.eos_ids,
-        seed=seed,
+        seed=seed, first_index=start,  # global prompt indices: the same samples under any replica count
     )
     samples, examples, texts = [], [], []
     stops = set(tokenizer.eos_ids)

@@ -7,7 +7,7 @@ from ..elastic.policies import PolicyRequest, TrainLayout, make_placement
 from ..elastic.validate import PlacementError
 from ..validate import ConfigError
 
-LIVE_POLICIES = ("colocate",)  # what the loop executes today; the others are planned by dry_run=true
+LIVE_POLICIES = ("colocate", "lend")  # what the loop executes today; the others are planned by dry_run=true
 
 
 def run_roles(cfg: Config) -> tuple[str, ...]:
@@ -62,6 +62,16 @@ def check_placement_config(cfg: Config) -> Placement:
             f"placement={p.policy} is planned by the dry run only (add dry_run=true to see its placement changes and "
             f"their predicted times); live runs execute placement={'/'.join(LIVE_POLICIES)} today, where every role "
             "sits on every rank. Drop the placement override to run.")
+    if p.policy == "lend" and cfg.parallel.train.pp > 1 and not cfg.dry_run:
+        raise ConfigError(
+            f"placement=lend with parallel.train.pp={cfg.parallel.train.pp}: lent roles train on (dp, tp) meshes of "
+            "their rank sets; pipeline stages are not moved between sets yet. Use parallel.train.pp=1 with lend, or "
+            "placement=colocate for pipeline parallel.")
+    if p.policy != "colocate" and cfg.parallel.schedule and not cfg.dry_run:
+        raise ConfigError(
+            f"placement={p.policy} with parallel.schedule ({len(cfg.parallel.schedule)} layout switches): the loop "
+            "moves roles between the placement's rank sets and does not change the training layout as well; drop "
+            "parallel.schedule or use placement=colocate.")
     return placement
 
 

@@ -16,7 +16,8 @@ from ..tasks.file_task import make_file_task
 from ..tasks.tokenizer import CharTokenizer
 from ..train.copy_shards import copy_local_shards_
 from ..train.engine import TrainEngine, full_state_dict
-from ..train.mesh import build_mesh
+from ..train.pipeline_engine import make_engine
+from ..parallel_dims import ParallelDims
 from ..validate import resolve_dp
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -30,10 +31,12 @@ class RankContext:
     tp: int
     rollout_tp: int
     tp_outer: bool = False  # the training mesh's rank order (train.mesh.build_mesh)
+    pp: int = 1  # pipeline stages, outermost: the ranks of one stage are dp * tp consecutive ones
 
     @property
     def dp_rank(self) -> int:
-        return self.rank % self.dp if self.tp_outer else self.rank // self.tp
+        within = self.rank % (self.dp * self.tp)  # the same dp coordinate on every stage
+        return within % self.dp if self.tp_outer else within // self.tp
 
     @property
     def rollout_replica(self) -> int:
@@ -90,7 +93,7 @@ def rank_context(cfg: Config) -> RankContext:
     world = dist.get_world_size()
     return RankContext(
         rank=dist.get_rank(), world=world, dp=resolve_dp(cfg.parallel.train, world),
-        tp=cfg.parallel.train.tp, rollout_tp=cfg.rollout.tp,
+        tp=cfg.parallel.train.tp, rollout_tp=cfg.rollout.tp, pp=cfg.parallel.train.pp,
     )
 
 
@@ -102,13 +105,13 @@ def build_actor(cfg: Config, source: ModelSpec | str, ctx: RankContext) -> Train
     """Random init: the full seeded model, then sharded (tiny recipes, bit-identical across layouts). A checkpoint:
     built on meta, sharded, and each rank reads only its shards (models.meta_init)."""
     alg = cfg.algorithm
-    mesh = build_mesh(ctx.dp, ctx.tp)
+    mesh = ParallelDims.from_config(cfg).train_mesh()
     if isinstance(source, str):
         policy, materialize = meta_policy(checkpoint_config(source), DTYPES["fp32"]), checkpoint_loader(source, _device(mesh))
     else:
         policy, materialize = build_policy(source, DTYPES["fp32"], seed=cfg.trainer.seed), None
-    return TrainEngine(
-        policy, mesh, lr=alg.lr, weight_decay=alg.weight_decay, betas=tuple(alg.betas),
+    return make_engine(
+        policy, mesh, pp_schedule=cfg.parallel.train.pp_schedule, lr=alg.lr, weight_decay=alg.weight_decay, betas=tuple(alg.betas),
         grad_clip=alg.grad_clip, precision=cfg.trainer.precision, micro_batch_size=alg.micro_batch_size,
         zero=cfg.parallel.train.zero, materialize=materialize,
     )
@@ -123,8 +126,8 @@ def build_critic_engine(cfg: Config, source: ModelSpec | str, actor: TrainEngine
         critic, materialize = meta_critic(config, DTYPES["fp32"]), checkpoint_loader(source, actor.device, extra=head)
     else:
         critic, materialize = build_critic(source, DTYPES["fp32"], seed=cfg.trainer.seed + 1), None
-    return TrainEngine(
-        critic, actor.mesh, lr=alg.critic_lr, weight_decay=alg.weight_decay, betas=tuple(alg.betas),
+    return make_engine(
+        critic, actor.mesh, pp_schedule=cfg.parallel.train.pp_schedule, lr=alg.critic_lr, weight_decay=alg.weight_decay, betas=tuple(alg.betas),
         grad_clip=alg.grad_clip, precision=cfg.trainer.precision, micro_batch_size=alg.micro_batch_size,
         zero=cfg.parallel.train.zero, materialize=materialize,
     )
@@ -137,7 +140,7 @@ def build_reference(cfg: Config, source: ModelSpec | str, actor: TrainEngine) ->
         model.to_empty(device=actor.device)
         copy_local_shards_(model, actor.model)
     ref = meta_policy(actor.model.config, DTYPES["fp32"])
-    return TrainEngine(ref, actor.mesh, trainable=False, precision=cfg.trainer.precision,
+    return make_engine(ref, actor.mesh, pp_schedule=cfg.parallel.train.pp_schedule, trainable=False, precision=cfg.trainer.precision,
                        micro_batch_size=cfg.algorithm.micro_batch_size, zero=cfg.parallel.train.zero,
                        materialize=copy_from_actor)
 

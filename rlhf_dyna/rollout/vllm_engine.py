@@ -42,6 +42,7 @@ class VLLMRollout:
         logprobs_mode: str = "processed_logprobs",
         enable_prefix_caching: bool = True,
         block_size: int | None = None,
+        load_format: str = "auto",  # "dummy": random weights, config.json only (benchmarks that sync real weights in)
     ) -> None:
         from vllm import LLM  # deferred: importing vllm costs seconds and the trainer-only paths don't need it
         from vllm.platforms import current_platform
@@ -67,6 +68,7 @@ class VLLMRollout:
             max_model_len=max_model_len,
             logprobs_mode=logprobs_mode,
             enable_prefix_caching=enable_prefix_caching,
+            load_format=load_format,
             **({} if block_size is None else {"block_size": block_size}),  # CPU default 128; only full blocks are prefix-cached
             worker_cls="rlhf_dyna.rollout.cpu_worker.ShmIdentCPUWorker" if current_platform.is_cpu() else "auto",
         )
@@ -86,16 +88,19 @@ class VLLMRollout:
         max_tokens: int = 16,
         stop_token_ids: list[int] | None = None,
         seed: int | None = None,
+        first_index: int = 0,
     ) -> list[list[Sample]]:
-        """n samples per prompt, in prompt order. `seed` makes sample j of prompt i use seed + i*n + j;
-        pass a different seed every step, or the same tokens come back for the same prompts."""
+        """n samples per prompt, in prompt order. `seed` makes sample j of prompt i use seed + (first_index + i)*n + j,
+        where `first_index` is the global index of this call's first prompt (its replica's slice start), so any
+        placement or replica count draws the same samples; pass a different seed every step, or the same tokens
+        come back for the same prompts."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         def params(i: int) -> SamplingParams:
             return SamplingParams(
                 n=n, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
-                stop_token_ids=stop_token_ids or [], seed=None if seed is None else seed + i * n,
+                stop_token_ids=stop_token_ids or [], seed=None if seed is None else seed + (first_index + i) * n,
                 logprobs=0, detokenize=False,  # logprobs=0: only the sampled token's log-prob
             )
 

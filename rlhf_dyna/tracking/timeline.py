@@ -23,10 +23,13 @@ TRANSITION_COLOR = "tab:red"
 
 
 def record_step_phases(recorder, step: int, start_s: float, timings: Mapping[str, float]) -> None:
-    """Adds one event per phase of a step that started at `start_s` (time.time()), phases back to back."""
+    """Adds one event per phase of a step that started at `start_s` (time.time()), phases back to back; a phase the
+    rank recorded itself for this step (placed training: the sets train at once, each rank only its role's phase)
+    replaces the loop's timings of both training phases on that rank."""
     t = start_s
+    own = any(is_phase(e.name) and e.args.get("step") == step for e in recorder.events)
     for key, phase, roles in STEP_PHASES:
-        if key in timings:
+        if key in timings and not (own and phase in ("train_actor", "train_critic")):
             recorder.add(PHASE_PREFIX + phase, 0, t, timings[key], {"step": step, "roles": roles})
             t += timings[key]
 

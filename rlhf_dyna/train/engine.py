@@ -125,12 +125,7 @@ class TrainEngine:
         if self.optimizer is None:
             raise RuntimeError("this engine was built with trainable=False (a reference model)")
         self.model.train()
-        mask = batch.get(self.loss_mask_key)
-        tokens = float(mask.sum()) if mask is not None else 0.0
-        nonempty = float((mask.sum(-1) > 0).sum()) if mask is not None else 0.0
-        total_tokens, total_seqs, total_nonempty = self._dp_sum([tokens, float(batch["input_ids"].shape[0]), nonempty])
-        norm = LossNorm(num_tokens=max(total_tokens, 1.0) / self.dp_size, num_sequences=total_seqs / self.dp_size,
-                        num_nonempty_sequences=max(total_nonempty, 1.0) / self.dp_size)
+        norm = self.loss_norm(batch)
         self.optimizer.zero_grad(set_to_none=True)
         summed: dict[str, float] = {}
         micro_batches = self._micro_batches(batch)
@@ -149,6 +144,15 @@ class TrainEngine:
         keys = sorted(summed)
         averaged = dict(zip(keys, (v / self.dp_size for v in self._dp_sum([summed[k] for k in keys]))))
         return {**averaged, "grad_norm": grad_norm}
+
+    def loss_norm(self, batch: dict[str, Tensor]) -> LossNorm:
+        """The dp group's counts of this step's batch, per dp rank (collective over dp)."""
+        mask = batch.get(self.loss_mask_key)
+        tokens = float(mask.sum()) if mask is not None else 0.0
+        nonempty = float((mask.sum(-1) > 0).sum()) if mask is not None else 0.0
+        total_tokens, total_seqs, total_nonempty = self._dp_sum([tokens, float(batch["input_ids"].shape[0]), nonempty])
+        return LossNorm(num_tokens=max(total_tokens, 1.0) / self.dp_size, num_sequences=total_seqs / self.dp_size,
+                        num_nonempty_sequences=max(total_nonempty, 1.0) / self.dp_size)
 
     def materialize_replicas(self) -> None:
         """ZeRO-1/2: re-gather the replicated params from the (just updated) master shards."""
@@ -218,6 +222,9 @@ def full_state_dict(engine: TrainEngine, dtype: torch.dtype | None = None) -> It
 
     A tied parameter is gathered once and yielded under each of its names right away (vLLM's in-place
     reload needs `lm_head.weight` even when tied: a layer that receives no weight gets its old one back)."""
+    if hasattr(engine, "full_state"):  # a pipeline stage holds part of the model (train.pipeline_engine)
+        yield from engine.full_state(dtype)
+        return
     reshard(engine.model)
     aliases: dict[int, list[str]] = {}
     for name, param in engine.model.named_parameters(remove_duplicate=False):

@@ -44,3 +44,16 @@ def is_tp_outer(mesh: DeviceMesh) -> bool:
             return tp_outer
     raise ValueError(f"mesh {mesh.mesh_dim_names} over ranks {mesh.mesh.tolist()}: expected (dp, tp) in row-major or "
                      f"TP-outer rank order over a contiguous rank range")
+
+
+def build_pp_mesh(pp: int, dp: int, tp: int = 1) -> DeviceMesh:
+    """Mesh with dims ("pp", "dp", "tp") over the whole world, pp outermost (the VPS train rank order: a stage is
+    dp * tp consecutive ranks), tp innermost."""
+    world = dist.get_world_size()
+    if pp * dp * tp != world:
+        raise ValueError(f"pp={pp} x dp={dp} x tp={tp} = {pp * dp * tp} ranks but the world has {world}; "
+                         f"valid: pp * dp * tp == {world}")
+    device_type = "cuda" if "nccl" in dist.get_backend() else "cpu"
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
+    return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))

@@ -24,9 +24,11 @@ LAYER_TP_PLAN: dict[str, ParallelStyle] = {
 }
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """Both the causal LM and the ValueModel keep the HF backbone at `.model`."""
-    return model.model.layers
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """Both the causal LM and the ValueModel keep the HF backbone at `.model`; a pipeline stage keeps its layers in a
+    ModuleDict keyed by the global layer index (train.pp_stage)."""
+    layers = model.model.layers
+    return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
@@ -43,10 +45,13 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     # Vocab-parallel embedding / lm_head only when untied: tying one Parameter to two TP styles would
     # distribute it twice and break the tie, so tied models keep both replicated over tp.
     if not config.tie_word_embeddings:
-        plan: dict[str, ParallelStyle] = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
-        if hasattr(model, "lm_head"):
+        plan: dict[str, ParallelStyle] = {}
+        if getattr(model.model, "embed_tokens", None) is not None:  # a pipeline stage may hold neither (train.pp_stage)
+            plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        if getattr(model, "lm_head", None) is not None:
             plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())  # full logits: losses need the whole vocab
-        parallelize_module(model, tp_mesh, plan)
+        if plan:
+            parallelize_module(model, tp_mesh, plan)
 
 
 ZERO_STAGES = (1, 2, 3)

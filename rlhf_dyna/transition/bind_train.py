@@ -62,8 +62,24 @@ def _order_of(mesh: DeviceMesh) -> tuple[int, int, bool, int]:
     return mesh.size(0), mesh.size(1), is_tp_outer(mesh), first
 
 
+def pipeline_order(state: Mapping[StateKey, Tensor]) -> tuple[int, int]:
+    """(pp, first rank of the whole pipeline mesh): a pipeline stage's DTensors live on the dp slice of a
+    ("pp", "dp", "tp") mesh (train.mesh.build_pp_mesh); (1, -1) for a state without pipeline stages."""
+    t = next((t for t in state.values() if isinstance(t, DTensor)), None)
+    root = t.device_mesh._get_root_mesh() if t is not None else None
+    names = (root.mesh_dim_names or ()) if root is not None else ()
+    if "pp" not in names:
+        return 1, -1
+    if names != ("pp", "dp", "tp"):
+        raise ValueError(f"pipeline mesh {names}: VPS binding needs dims ('pp', 'dp', 'tp'), pp outermost")
+    return root.size(0), int(root.mesh.min())
+
+
 def train_spec(state: Mapping[StateKey, Tensor]) -> ParallelSpec:
     dp, tp, tp_outer, first_rank = mesh_order(state)
+    pp, pipeline_first = pipeline_order(state)
+    if pp > 1:  # the stage's own mesh starts at its stage; the layout's ranks start at the pipeline's first
+        return vps_spec.train_spec(dp, tp, pp=pp, first_rank=pipeline_first)
     return vps_spec.train_spec(dp, tp, tp_outer=tp_outer, first_rank=first_rank)
 
 

@@ -18,7 +18,9 @@ from transformers import PreTrainedModel
 
 from rlhf_dyna.models.build import ValueModel
 from rlhf_dyna.train.engine import TrainEngine, refresh_fsdp_shards, reshard
-from rlhf_dyna.train.mesh import build_mesh, is_tp_outer
+from rlhf_dyna.train.mesh import build_mesh, build_pp_mesh, is_tp_outer
+from rlhf_dyna.train.pipeline_engine import PipelineEngine
+from rlhf_dyna.train.pp_stage import StageModule, meta_full_model
 from rlhf_dyna.transition.movers import MoveStats, StateKey, StateMover, move_by_full_tensors
 from rlhf_dyna.transition.trace import TraceRecorder
 
@@ -31,9 +33,12 @@ class TrainLayout:
     tp: int
     zero: int = 3  # ZeRO stage as FSDP2 maps it (train.parallelize.apply_fsdp)
     tp_outer: bool = False  # rank order of the mesh (train.mesh.build_mesh); VPS picks the one that moves less
+    pp: int = 1  # pipeline stages (train.pipeline_engine); pp outermost
+    pp_schedule: str = "1F1B"
 
     def describe(self) -> str:
-        return f"dp{self.dp}xtp{self.tp}-zero{self.zero}" + ("-tp_outer" if self.tp_outer else "")
+        pipeline = f"pp{self.pp}x" if self.pp > 1 else ""
+        return f"{pipeline}dp{self.dp}xtp{self.tp}-zero{self.zero}" + ("-tp_outer" if self.tp_outer else "")
 
 
 @dataclass(frozen=True)
@@ -44,10 +49,12 @@ class LayoutSwitch:
     dp: int
     tp: int
     zero: int = 3
+    pp: int = 1
+    pp_schedule: str = "1F1B"
 
     @property
     def layout(self) -> TrainLayout:
-        return TrainLayout(self.dp, self.tp, self.zero)
+        return TrainLayout(self.dp, self.tp, self.zero, pp=self.pp, pp_schedule=self.pp_schedule)
 
 
 def validate_schedule(schedule: Sequence[LayoutSwitch], world_size: int) -> None:
@@ -56,8 +63,9 @@ def validate_schedule(schedule: Sequence[LayoutSwitch], world_size: int) -> None
     if steps != sorted(set(steps)):
         raise ValueError(f"layout switch steps {steps} must be strictly increasing")
     for switch in schedule:
-        if switch.dp * switch.tp != world_size:
-            raise ValueError(f"layout switch at step {switch.step}: dp={switch.dp} x tp={switch.tp} != world size {world_size}")
+        if switch.dp * switch.tp * switch.pp != world_size:
+            raise ValueError(f"layout switch at step {switch.step}: dp={switch.dp} x tp={switch.tp} x pp={switch.pp} "
+                             f"!= world size {world_size}")
         if switch.zero not in (1, 2, 3):
             raise ValueError(f"layout switch at step {switch.step}: zero={switch.zero}; valid: 1, 2, 3")
 
@@ -68,6 +76,9 @@ def switch_at(schedule: Sequence[LayoutSwitch], step: int) -> TrainLayout | None
 
 
 def layout_of(engine: TrainEngine) -> TrainLayout:
+    if isinstance(engine, PipelineEngine):
+        return TrainLayout(engine.dp_size, engine.mesh["tp"].size(), engine.zero, pp=engine.pp_size,
+                           pp_schedule=engine.schedule_name)
     return TrainLayout(engine.mesh["dp"].size(), engine.mesh["tp"].size(), engine.zero, is_tp_outer(engine.mesh))
 
 
@@ -76,15 +87,19 @@ class MeshCache:
     and threads, so switching back and forth reuses the meshes already built."""
 
     def __init__(self) -> None:
-        self._meshes: dict[tuple[int, int, bool], DeviceMesh] = {}
+        self._meshes: dict[tuple[int, int, bool, int], DeviceMesh] = {}
 
     def add(self, mesh: DeviceMesh) -> None:
-        self._meshes.setdefault((mesh["dp"].size(), mesh["tp"].size(), is_tp_outer(mesh)), mesh)
+        if "pp" in (mesh.mesh_dim_names or ()):
+            self._meshes.setdefault((mesh["dp"].size(), mesh["tp"].size(), False, mesh["pp"].size()), mesh)
+            return
+        self._meshes.setdefault((mesh["dp"].size(), mesh["tp"].size(), is_tp_outer(mesh), 1), mesh)
 
-    def get(self, dp: int, tp: int, tp_outer: bool = False) -> DeviceMesh:
-        if (dp, tp, tp_outer) not in self._meshes:
-            self._meshes[(dp, tp, tp_outer)] = build_mesh(dp, tp, tp_outer)
-        return self._meshes[(dp, tp, tp_outer)]
+    def get(self, dp: int, tp: int, tp_outer: bool = False, pp: int = 1) -> DeviceMesh:
+        key = (dp, tp, tp_outer, pp)
+        if key not in self._meshes:
+            self._meshes[key] = build_pp_mesh(pp, dp, tp) if pp > 1 else build_mesh(dp, tp, tp_outer)
+        return self._meshes[key]
 
 
 MESHES = MeshCache()
@@ -98,6 +113,8 @@ def _unwrapped_class(model: nn.Module) -> type:
 def meta_skeleton(model: nn.Module) -> nn.Module:
     """An unparallelized copy of the model's architecture on the meta device (no memory, no init)."""
     cls = _unwrapped_class(model)
+    if issubclass(cls, StageModule):
+        return meta_full_model(model)  # the whole model: the new layout splits it its own way
     with torch.device("meta"):
         if issubclass(cls, PreTrainedModel):
             return cls(model.config)
@@ -130,11 +147,15 @@ def _optimizer_step(engine: TrainEngine) -> Tensor | None:
 def empty_engine_like(old: TrainEngine, layout: TrainLayout, mesh: DeviceMesh, skeleton: nn.Module) -> TrainEngine:
     """`old`'s settings on `layout`, with uninitialised parameters (the mover fills them) and `old`'s buffers."""
     group = old.optimizer.param_groups[0] if old.optimizer is not None else {"lr": 0.0, "weight_decay": 0.0, "betas": (0.9, 0.999)}
-    new = TrainEngine(
-        skeleton, mesh, lr=group["lr"], weight_decay=group["weight_decay"], betas=tuple(group["betas"]),
+    settings = dict(
+        lr=group["lr"], weight_decay=group["weight_decay"], betas=tuple(group["betas"]),
         grad_clip=old.grad_clip, precision=old.precision, micro_batch_size=old.micro_batch_size,
         trainable=old.optimizer is not None, loss_mask_key=old.loss_mask_key, zero=layout.zero,
     )
+    if layout.pp > 1:
+        new = PipelineEngine(skeleton, mesh, schedule=layout.pp_schedule, **settings)
+    else:
+        new = TrainEngine(skeleton, mesh, **settings)
     new.model.to_empty(device=new.device)  # DTensor params are swapped in place: the optimizer's references stay valid
     with torch.no_grad():  # buffers (rotary frequencies) are replicated in every layout: copy them locally
         old_buffers = dict(old.model.named_buffers())
@@ -168,13 +189,13 @@ def relayout(
     same parameters and AdamW state, and the mover's stats. The old engine is consumed (its state is freed).
     With a recorder, the move is one trace event (a round-level trace is the VPS executor's to record)."""
     meshes.add(engine.mesh)
-    mesh = meshes.get(layout.dp, layout.tp, layout.tp_outer)
+    mesh = meshes.get(layout.dp, layout.tp, layout.tp_outer, layout.pp)
     new = empty_engine_like(engine, layout, mesh, model_factory(engine.model))
     step = _optimizer_step(engine)
     if step is not None:
         allocate_optimizer_state(new, step)
     source, destination = bind_train_state(engine), bind_train_state(new)
-    if source.keys() != destination.keys():
+    if layout.pp == 1 and not isinstance(engine, PipelineEngine) and source.keys() != destination.keys():
         raise ValueError(f"state keys differ between layouts: {sorted(source.keys() ^ destination.keys())[:5]}")
     if recorder is None:
         stats = mover(source, destination)

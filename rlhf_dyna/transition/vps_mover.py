@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlhf_dyna.train.engine import TrainEngine
+from rlhf_dyna.train.pipeline_engine import PipelineEngine
 from rlhf_dyna.transition.bind_train import (StateKey, adopt_storage, bind_train_buffers, buffer_name, release_storage,
                                              state_kinds, train_catalog, train_layout, train_spec)
 from rlhf_dyna.transition.executor import execute
@@ -44,8 +45,7 @@ def make_vps_mover(hf_config: object, budget_bytes: int = DEFAULT_BUDGET_BYTES, 
     reuses it: old and new state share the adopted storages)."""
 
     def move(source: Mapping[StateKey, Tensor], destination: Mapping[StateKey, Tensor]) -> MoveStats:
-        if source.keys() != destination.keys():
-            raise ValueError(f"state keys differ: {sorted(source.keys() ^ destination.keys())[:5]}")
+        # keys may differ (pipeline stages hold different tensors); bind_train_buffers checks each side's layout
         start, rank = time.perf_counter(), dist.get_rank()
         t = planned_relayout(hf_config, source, destination, budget_bytes)
         src = bind_train_buffers(source, t.src, rank, t.src_buffers)
@@ -67,6 +67,8 @@ def make_vps_mover(hf_config: object, budget_bytes: int = DEFAULT_BUDGET_BYTES, 
 def least_moving_layout(engine: TrainEngine, layout: TrainLayout) -> TrainLayout:
     """`layout` in the mesh rank order (TP innermost or outermost) whose plan moves the fewest bytes from the
     engine's live state; same answer on every rank (planning is a pure function of the layouts)."""
+    if layout.pp > 1 or isinstance(engine, PipelineEngine):
+        return layout  # pipeline meshes have one rank order (pp, dp, tp)
     source = bind_train_state(engine)
     config = engine.model.config
     spec = ParallelSpec(Phase.TRAIN, dp=layout.dp, tp=layout.tp, zero=3)  # bound state is always the sharded one

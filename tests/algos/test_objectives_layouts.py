@@ -65,8 +65,7 @@ def test_actor_loss_equals_whole_batch_aggregate_in_every_layout(agg, entropy_co
     fn = actor_loss(alg, temperature=1.0, max_new_tokens=MAX_NEW)
     # the whole batch's aggregate, computed directly (not through global_scale)
     lp = token_logprobs(logits, batch["input_ids"])
-    loss_mat, _ = policy_loss_tokens(lp, batch["old_logprobs"], batch["advantages"], batch["response_mask"],
-                                     0.2, 0.2, 3.0)
+    loss_mat, _ = policy_loss_tokens(lp, batch["old_logprobs"], batch["advantages"], 0.2, 0.2, 3.0)
     expected = aggregate(loss_mat, batch["response_mask"], agg, MAX_NEW)
     (expected_grad,) = torch.autograd.grad(expected, logits)
     for dp, mbs in [(1, B), (1, 1), (2, 4), (2, 1), (4, 2), (8, 1)]:

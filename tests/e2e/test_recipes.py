@@ -12,6 +12,8 @@ SHORT = ["trainer.total_steps=2", "trainer.sft_warmup_steps=2", "task.eval_size=
 REQUIRED = [
     "timing_s/gen", "timing_s/train", "timing_s/weight_sync", "reshard/train_to_rollout/seconds",
     "reshard/train_to_rollout/bytes_moved", "reward/mean", "eval/accuracy", "actor/pg_loss", "response_length/mean",
+    "response_length/max", "response_length/clip_ratio", "actor/entropy", "actor/pg_clipfrac", "actor/pg_clipfrac_lower",
+    "advantage/mean", "advantage/std", "perf/gen_tokens_per_s", "perf/train_tokens_per_s",
 ]
 
 
@@ -25,7 +27,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 @pytest.mark.parametrize("recipe,sync,extra_keys", [
     ("grpo_tiny", "vps", []),
-    ("ppo_tiny", "naive", ["critic/vf_loss", "actor/kl"]),
+    ("ppo_tiny", "naive", ["critic/vf_loss", "actor/kl", "actor/kl_coef", "return/mean"]),
 ])
 def test_recipe_runs_end_to_end(recipe, sync, extra_keys, tmp_path):
     run_dir = tmp_path / recipe

@@ -7,8 +7,11 @@ import sys
 import pytest
 
 CASES = [
-    (["placement=split"], "live runs execute placement=colocate today"),
-    (["recipe=ppo_tiny", "placement=lend"], "placement=lend is planned by the dry run only"),
+    (["placement=split"], "live runs execute placement=colocate/lend today"),
+    (["recipe=ppo_tiny", "placement=lend", "parallel.schedule=[{step: 2, dp: 1, tp: 2}]"],
+     "does not change the training layout as well"),
+    (["recipe=ppo_tiny", "placement=lend", "parallel.world_size=4", "parallel.train.pp=2"],
+     "placement=lend with parallel.train.pp=2"),
     (["placement=lend", "dry_run=true"], "nothing to lend"),
     (["placement=split", "placement.rollout_ranks=2", "dry_run=true"], "placement set of actor has 0 ranks"),
     (["placement=split", "+placement.roles.rollout=[1,2]", "dry_run=true"], "ranks 1..2 (first=1, size=2)"),

@@ -33,7 +33,7 @@ def _expected(model, batch, agg):
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                 position_ids=position_ids_from_mask(batch["attention_mask"]), use_cache=False)
     lp = token_logprobs(out.logits, batch["input_ids"])
-    loss_mat, _ = policy_loss_tokens(lp, batch["old_logprobs"], batch["advantages"], batch["response_mask"], 0.2, 0.2, 3.0)
+    loss_mat, _ = policy_loss_tokens(lp, batch["old_logprobs"], batch["advantages"], 0.2, 0.2, 3.0)
     return aggregate(loss_mat, batch["response_mask"], agg, MAX_NEW)
 
 

@@ -11,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.train.mesh import mesh_ranks
 from rlhf_dyna.train.parallelize import apply_fsdp, apply_tensor_parallel
+from rlhf_dyna.train.pp_stage import split_stage
 from rlhf_dyna.vps.layout import build_layout
 from rlhf_dyna.vps.spec import ParallelSpec
 from rlhf_dyna.vps.tensor import Kind
@@ -21,11 +22,18 @@ CONFIG = dict(hidden_size=6, intermediate_size=14, num_hidden_layers=2, num_atte
               num_key_value_heads=2, head_dim=6, vocab_size=38)
 
 
-def build(dp: int, tp: int, fsdp: bool, tp_outer: bool, tied: bool) -> LlamaForCausalLM:
-    """The engine's own TP plan and FSDP2 placements (train.parallelize), fp32."""
+def build(dp: int, tp: int, fsdp: bool, tp_outer: bool, tied: bool, pp: int = 1) -> LlamaForCausalLM:
+    """The engine's own TP plan and FSDP2 placements (train.parallelize), fp32; with pp, this rank's pipeline stage
+    (train.pp_stage: the layers the VPS layout gives it) on the stage's dp slice of a (pp, dp) mesh."""
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**CONFIG, tie_word_embeddings=tied)).float()
-    if tp > 1:
+    model = LlamaForCausalLM(config(tied, pp)).float()
+    if pp > 1:
+        mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        model = split_stage(model, ParallelSpec(dp=dp, tp=tp, pp=pp), mesh["pp"].get_local_rank())
+        if tp > 1:
+            apply_tensor_parallel(model, mesh["tp"])
+        dp_mesh = mesh["dp"]
+    elif tp > 1:
         mesh = DeviceMesh("cpu", mesh_ranks(dp, tp, tp_outer), mesh_dim_names=("dp", "tp"))
         apply_tensor_parallel(model, mesh["tp"])
         dp_mesh = mesh["dp"]
@@ -36,16 +44,25 @@ def build(dp: int, tp: int, fsdp: bool, tp_outer: bool, tied: bool) -> LlamaForC
     return model
 
 
-def check(dp: int, tp: int, fsdp: bool, tp_outer: bool = False, tied: bool = False) -> int:
+def config(tied: bool, pp: int = 1) -> LlamaConfig:
+    """Three layers under pp: stages own the uneven ranges [0, 2) and [2, 3)."""
+    return LlamaConfig(**{**CONFIG, "num_hidden_layers": 3 if pp > 1 else 2}, tie_word_embeddings=tied)
+
+
+def check(dp: int, tp: int, fsdp: bool, tp_outer: bool = False, tied: bool = False, pp: int = 1) -> int:
     rank = dist.get_rank()
-    model = build(dp, tp, fsdp, tp_outer, tied)
+    model = build(dp, tp, fsdp, tp_outer, tied, pp)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     for p in model.parameters():
         p.grad = torch.ones_like(p) * (1 + rank)
     opt.step()
-    spec = ParallelSpec(dp=dp, tp=tp, zero=3 if fsdp else 0, tp_outer=tp_outer)
-    layout = build_layout(catalog_from_config(LlamaConfig(**CONFIG, tie_word_embeddings=tied), param_dtype="float32"), spec)
-    pieces = {(p.tensor.name, p.tensor.kind): p for p in layout.pieces(rank)}
+    spec = ParallelSpec(dp=dp, tp=tp, pp=pp, zero=3 if fsdp else 0, tp_outer=tp_outer)
+    layout = build_layout(catalog_from_config(config(tied, pp), param_dtype="float32"), spec)
+    # by live buffer: a tied embedding is model.embed_tokens.weight on the first stage, lm_head.weight on the last
+    pieces = {p.buffer: p for p in layout.pieces(rank)}
+    names = {p.buffer.rsplit(":", 1)[0] for p in pieces.values()}
+    live = {name for name, _ in model.named_parameters()}
+    assert names <= live, f"rank {rank}: VPS buffers {sorted(names - live)} are not parameters of this rank's model"
     buffers = layout.buffers(rank)
     checked = 0
     for name, param in model.named_parameters():
@@ -55,7 +72,7 @@ def check(dp: int, tp: int, fsdp: bool, tp_outer: bool = False, tied: bool = Fal
             is_dtensor = hasattr(value, "full_tensor")  # TP leaves norms as plain replicated tensors
             full = value.full_tensor() if is_dtensor else value  # collective: every rank, same order
             local = value.to_local() if is_dtensor else value
-            piece = pieces.get((name, kind))
+            piece = pieces.get(f"{name}:{kind.value}")
             if piece is None:
                 assert local.numel() == 0, f"rank {rank}: {name} {kind} holds {tuple(local.shape)}, VPS says nothing"
                 continue
@@ -69,7 +86,10 @@ def check(dp: int, tp: int, fsdp: bool, tp_outer: bool = False, tied: bool = Fal
 
 CASES = {"fsdp4": (4, 1, True), "fsdp2_tp2": (2, 2, True), "ddp2_tp2": (2, 2, False),
          "fsdp2_tp2_tp_outer": (2, 2, True, True),  # TP groups {0, 2}, {1, 3}
-         "fsdp2_tp2_tied": (2, 2, True, False, True)}  # the tied embedding stays whole over tp
+         "fsdp2_tp2_tied": (2, 2, True, False, True),  # the tied embedding stays whole over tp
+         "pp2_fsdp2": (2, 1, True, False, False, 2),  # stages {0, 1} and {2, 3}, layers [0, 2) and [2, 3)
+         "pp2_fsdp2_tied": (2, 1, True, False, True, 2),
+         "pp2_tp2": (1, 2, True, False, False, 2)}  # TP inside each stage: vocab-parallel embedding / lm_head  # embedding on stage 0, its tied lm_head copy on stage 1
 
 
 def main() -> None:

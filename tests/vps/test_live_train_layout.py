@@ -11,8 +11,9 @@ from .spawn_ranks import run_ranks
 @pytest.mark.timeout(300)
 def test_layout_matches_fsdp2_and_dtensor_tp():
     """FSDP2 over 4 ranks (uneven and empty shards), FSDP2 x TP on (2, 2) (_StridedShard) in both rank orders,
-    TP with DP replicas, tied embeddings under FSDP2 x TP."""
-    cases = ["fsdp4", "fsdp2_tp2", "ddp2_tp2", "fsdp2_tp2_tp_outer", "fsdp2_tp2_tied"]
+    TP with DP replicas, tied embeddings under FSDP2 x TP, pipeline stages (uneven, tied embedding across stages)
+    with FSDP2 inside each stage."""
+    cases = ["fsdp4", "fsdp2_tp2", "ddp2_tp2", "fsdp2_tp2_tp_outer", "fsdp2_tp2_tied", "pp2_fsdp2", "pp2_fsdp2_tied", "pp2_tp2"]
     outs = run_ranks(Path(__file__).with_name("live_train_worker.py"), 4, cases)
     for case in cases:
         assert all(f"{case}: rank" in o and " 0 pieces" not in o for o in outs), outs

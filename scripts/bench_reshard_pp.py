@@ -1,0 +1,167 @@
+"""Resharding benchmark, pipeline row: dp4 (FSDP2, ZeRO-3) -> pp2 x dp2 (pipeline stages, FSDP2 inside each) with
+full AdamW state, on 4 gloo ranks: VPS in place (what `relayout` does online) against a DCP checkpoint with a restart
+(save, then fresh processes: init, build the pipeline engine, load), and the bytes VPS moved against an independent
+count (torch's own DTensor placements: `baselines.must_receive_train`).
+
+    python scripts/bench_reshard_pp.py --sizes tiny,60m --out bench_out      # writes bench_out/bench_reshard_pp.json
+    python scripts/bench_reshard_pp.py --quick --out /tmp/bench_pp           # tiny only
+
+A separate script (not a row inside bench_reshard.py) while that one is being restructured; it reuses its model
+sizes, random sources and fingerprints.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from bench_reshard import SIZES, count_params, fingerprint, random_source
+from rlhf_dyna.models.build import make_hf_config
+from rlhf_dyna.train.mesh import build_pp_mesh
+from rlhf_dyna.train.pipeline_engine import PipelineEngine
+from rlhf_dyna.transition import baselines
+from rlhf_dyna.transition.relayout import (MeshCache, TrainLayout, allocate_optimizer_state, bind_train_state,
+                                           empty_engine_like, meta_skeleton, relayout)
+from rlhf_dyna.transition.vps_mover import make_vps_mover
+
+WORLD = 4
+LAYOUT = TrainLayout(dp=2, tp=1, pp=2)
+TRANSITION = "dp4_to_pp2dp2"
+REPEATS = 3  # warm runs (cached plan) after the cold one
+
+
+def _total(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t)
+
+
+def rank_main(rank: int, world: int, port: int, size: str, ckpt: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    meshes = MeshCache()
+    make_source = lambda: random_source(SIZES[size], meshes, adamw_state=True)  # same values every time
+    source_engine = make_source()
+    source = bind_train_state(source_engine)
+    probe = empty_engine_like(source_engine, LAYOUT, meshes.get(LAYOUT.dp, LAYOUT.tp, pp=LAYOUT.pp),
+                              meta_skeleton(source_engine.model))
+    probe.model.to_empty(device=probe.device)
+    allocate_optimizer_state(probe, torch.tensor(0.0))
+    must = _total(baselines.must_receive_train(source, bind_train_state(probe)))  # independent of the VPS planner
+    del probe
+    save_seconds = baselines.checkpoint_save(source_engine, Path(ckpt))
+    del source_engine, source
+    seconds, moved, prints = [], [], None
+    for _ in range(1 + REPEATS):  # a fresh source each run: relayout consumes it
+        engine = make_source()
+        dist.barrier()
+        start = time.perf_counter()
+        new, stats = relayout(engine, LAYOUT, mover=make_vps_mover(engine.model.config, in_place=True), meshes=meshes)
+        dist.barrier()
+        seconds.append(time.perf_counter() - start)
+        moved.append(_total(stats.bytes_received))
+        prints = fingerprint(bind_train_state(new))
+        del engine, new
+    report = dict(rank=rank, vps_seconds=seconds, vps_bytes=moved, must_receive=must, save_seconds=save_seconds,
+                  fingerprint=prints)
+    gathered: list[object] = [None] * world
+    dist.all_gather_object(gathered, report)
+    if rank == 0:
+        Path(out).write_text(json.dumps(gathered))
+    dist.destroy_process_group()
+
+
+def restart_worker(size: str, ckpt: str, out: str) -> None:
+    """A fresh process of the restarted job: init, build the pipeline engine, load the dp4 checkpoint into it."""
+    rank = int(os.environ["RANK"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    with torch.device("meta"):
+        from transformers import LlamaForCausalLM
+
+        skeleton = LlamaForCausalLM(make_hf_config(SIZES[size]))
+    engine = PipelineEngine(skeleton, build_pp_mesh(LAYOUT.pp, LAYOUT.dp, LAYOUT.tp), lr=1e-4)
+    engine.model.to_empty(device=engine.device)
+    allocate_optimizer_state(engine, torch.tensor(0.0))
+    baselines.checkpoint_load(engine, Path(ckpt))
+    dist.barrier()
+    done = time.time()
+    Path(f"{out}.{rank}").write_text(json.dumps({"done": done, "fingerprint": fingerprint(bind_train_state(engine))}))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def time_restart(size: str, ckpt: str, work: Path) -> tuple[float, list[list[float]]]:
+    port, out = _free_port(), work / f"restart_pp_{size}"
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(WORLD), "OMP_NUM_THREADS": "1"}
+    start = time.time()
+    procs = [subprocess.Popen([sys.executable, __file__, "--restart-worker", "--sizes", size, "--ckpt", ckpt, "--out", str(out)],
+                              env={**env, "RANK": str(r)}) for r in range(WORLD)]
+    if any(p.wait() != 0 for p in procs):
+        raise RuntimeError("a restart worker failed")
+    reports = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(WORLD)]
+    for r in range(WORLD):
+        Path(f"{out}.{r}").unlink()
+    return max(r["done"] for r in reports) - start, [r["fingerprint"] for r in reports]
+
+
+def measure(size: str, out: Path) -> dict:
+    ckpt = out / f"ckpt_pp_{size}"
+    result = out / f"ranks_pp_{size}.json"
+    mp.start_processes(rank_main, args=(WORLD, _free_port(), size, str(ckpt), str(result)), nprocs=WORLD, join=True,
+                       start_method="forkserver")
+    ranks = json.loads(result.read_text())
+    result.unlink()
+    restart_seconds, restart_prints = time_restart(size, str(ckpt), out)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    warm = statistics.median(ranks[0]["vps_seconds"][1:])
+    dcp = max(r["save_seconds"] for r in ranks) + restart_seconds
+    row = dict(size=size, params=count_params(SIZES[size]), transition=TRANSITION, state="params + AdamW exp_avg, exp_avg_sq",
+               vps_cold_seconds=ranks[0]["vps_seconds"][0], vps_seconds=warm, vps_bytes_moved=ranks[0]["vps_bytes"][-1],
+               independent_bytes=ranks[0]["must_receive"], dcp_save_seconds=max(r["save_seconds"] for r in ranks),
+               dcp_restart_seconds=restart_seconds, dcp_with_restart_seconds=dcp, speedup=dcp / warm,
+               correct=all(r["fingerprint"] == p for r, p in zip(ranks, restart_prints)))
+    print(f"[{size}] {TRANSITION}: vps {warm:.3f} s (cold {row['vps_cold_seconds']:.3f} s), {row['vps_bytes_moved'] / 2**20:.1f} "
+          f"MiB moved (independent count {row['independent_bytes'] / 2**20:.1f} MiB); DCP with restart {dcp:.2f} s "
+          f"(save {row['dcp_save_seconds']:.2f} s): {row['speedup']:.1f}x; same values: {row['correct']}", flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="tiny,60m", help=f"comma-separated, from {sorted(SIZES)}")
+    parser.add_argument("--quick", action="store_true", help="tiny model only")
+    parser.add_argument("--out", default="bench_out")
+    parser.add_argument("--ckpt", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--restart-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.restart_worker:
+        return restart_worker(args.sizes, args.ckpt, args.out)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "transformers", "rlhf_dyna.transition.baselines"])
+    rows = [measure(size, out) for size in (["tiny"] if args.quick else args.sizes.split(","))]
+    machine = dict(date=time.strftime("%Y-%m-%d"), cpus=os.cpu_count(), world=WORLD, backend="gloo")
+    (out / "bench_reshard_pp.json").write_text(json.dumps(dict(machine=machine, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()

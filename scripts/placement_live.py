@@ -1,0 +1,69 @@
+"""Measure live placements in the loop: runs the app with each placement given (same seed and workload) and writes
+what each placement change cost, the background build and wait, and the step's phases, per step, into a JSON.
+
+    python scripts/placement_live.py --placements colocate lend --out docs/bench/placement_live.json -- \
+        recipe=ppo_tiny parallel.world_size=4 trainer.total_steps=5 task.prompts_per_step=32 rollout.n=4
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+KEPT = ("placement/", "timing_s/", "reshard/")
+QUIET = ["tracking.wandb_mode=disabled", "trainer.save_last=false", "trainer.export_policy=false"]
+
+
+def run(placement: str, overrides: list[str], run_dir: Path) -> list[dict]:
+    cmd = [sys.executable, "-m", "rlhf_dyna", *overrides, *QUIET, f"placement={placement}", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"placement={placement} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def summary(rows: list[dict]) -> dict:
+    """Per RL step: the kept metrics; and over the steps after the first (which also builds the lent engines and
+    plans each move once): mean step, mean share of the step the placement changes cost, worst single change."""
+    steps = [{k: v for k, v in r.items() if k == "step" or k.startswith(KEPT)} for r in rows if r["step"] > 0]
+    later = steps[1:] or steps
+    changes = sorted({k[: -len("/seconds")] for r in later for k in r
+                      if k.startswith("reshard/") and k.endswith("/seconds") and k.count("/") == 3})
+    out = {"steps": steps, "mean_step_s": sum(r["timing_s/step"] for r in later) / len(later)}
+    if changes:
+        out["changes"] = changes
+        out["mean_change_share"] = sum(r["placement/change_share"] for r in later) / len(later)
+        out["worst_single_change_share"] = max(r[f"{c}/seconds"] / r["timing_s/step"] for r in later for c in changes)
+        out["build_s"] = steps[0]["placement/build_seconds"]
+        out["max_wait_s"] = max(r["placement/wait_seconds"] for r in steps)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--placements", nargs="+", default=["colocate", "lend"])
+    parser.add_argument("--out", type=Path, default=Path("docs/bench/placement_live.json"))
+    parser.add_argument("overrides", nargs="*", help="app overrides after --")
+    args = parser.parse_args()
+    result = {"date": datetime.date.today().isoformat(), "machine": f"{platform.node()} ({platform.processor() or 'cpu'})",
+              "overrides": args.overrides, "placements": {}}
+    with tempfile.TemporaryDirectory(prefix="placement_live_") as tmp:
+        for placement in args.placements:
+            result["placements"][placement] = summary(run(placement, args.overrides, Path(tmp) / placement))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    for placement, s in result["placements"].items():
+        line = f"{placement}: step {s['mean_step_s']:.3f} s"
+        if "changes" in s:
+            line += (f", changes {100 * s['mean_change_share']:.1f}% of the step (worst single change "
+                     f"{100 * s['worst_single_change_share']:.1f}%), build {s['build_s']:.3f} s, wait {s['max_wait_s']:.4f} s")
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
