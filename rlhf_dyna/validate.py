@@ -12,6 +12,7 @@ from .algos.kl_control import KL_CONTROLLERS
 from .algos.losses import LOSS_AGGS
 from .config import Config, LayoutConfig, ModelConfig
 from .validate_algorithm import check_algorithm
+from .validate_moe import MoeConfigError, check_moe_live, is_moe
 
 
 class ConfigError(ValueError):
@@ -201,9 +202,14 @@ LIVE_SUPPORT = ("Live runs support dense models (llama, qwen2, qwen3) trained in
 def check_runs_live(cfg: Config) -> None:
     """What the dry run plans but the live engines cannot run yet, refused before spawn."""
     t, m = cfg.parallel.train, cfg.model
-    unsupported = [f"parallel.train.{name}={getattr(t, name)}" for name in ("cp", "ep") if getattr(t, name) > 1]
-    if m.arch == "qwen3_moe" or m.num_experts > 0:
-        unsupported.append(f"model.arch={m.arch} (MoE, num_experts={m.num_experts})")
+    if is_moe(cfg):  # MoE runs live at ep=1; validate_moe says what else it needs
+        try:
+            check_moe_live(cfg, on_cpu=cfg.parallel.device == "cpu" or cuda_device_count() == 0)
+        except MoeConfigError as err:
+            raise ConfigError(str(err)) from err
+    ep_refused_above_moe = ("ep",) if not is_moe(cfg) else ()
+    unsupported = [f"parallel.train.{name}={getattr(t, name)}" for name in ("cp",) + ep_refused_above_moe
+                   if getattr(t, name) > 1]
     if unsupported:
         raise ConfigError(
             f"{', '.join(unsupported)} does not run live yet. {LIVE_SUPPORT} Set parallel.train.cp=1 ep=1 with a "

@@ -12,6 +12,8 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput
 
+from .moe_weights import to_checkpoint_names
+
 WEIGHTS_FILE = "model.safetensors"
 VALUE_HEAD = "value_head"
 
@@ -20,6 +22,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
 }
 
 
@@ -40,6 +43,24 @@ class ModelSpec:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    # MoE (arch=qwen3_moe): every layer sparse; 0 experts = dense
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+
+
+def _moe_fields(spec: ModelSpec) -> dict:
+    if spec.arch != "qwen3_moe":
+        if spec.num_experts:
+            raise ValueError(f"num_experts={spec.num_experts} on arch={spec.arch!r}: experts need arch='qwen3_moe'")
+        return {}
+    if not 0 < spec.num_experts_per_tok <= spec.num_experts or spec.moe_intermediate_size <= 0:
+        raise ValueError(f"arch='qwen3_moe' needs 0 < num_experts_per_tok <= num_experts and moe_intermediate_size > 0; "
+                         f"got num_experts={spec.num_experts}, num_experts_per_tok={spec.num_experts_per_tok}, "
+                         f"moe_intermediate_size={spec.moe_intermediate_size}")
+    return dict(num_experts=spec.num_experts, num_experts_per_tok=spec.num_experts_per_tok,
+                moe_intermediate_size=spec.moe_intermediate_size, decoder_sparse_step=1, mlp_only_layers=[],
+                norm_topk_prob=True)
 
 
 def make_hf_config(spec: ModelSpec) -> PretrainedConfig:
@@ -66,6 +87,7 @@ def make_hf_config(spec: ModelSpec) -> PretrainedConfig:
         eos_token_id=spec.eos_token_id,
         pad_token_id=spec.pad_token_id,
         architectures=[causal_lm_class],
+        **_moe_fields(spec),
     )
     return config
 
@@ -133,7 +155,7 @@ def save_hf_dir(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pairs = weights.state_dict().items() if isinstance(weights, nn.Module) else weights
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in pairs}
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in to_checkpoint_names(pairs)}
     if getattr(config, "tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)  # safetensors refuses shared storage; HF and vLLM re-tie on load
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})

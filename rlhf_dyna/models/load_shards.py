@@ -17,6 +17,8 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from . import moe_weights
+
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -96,6 +98,8 @@ def load_shards_(model: nn.Module, ckpt: SafetensorsCheckpoint, extra: Mapping[s
                 raise ValueError(f"{ckpt.path}: {stored} has shape {ckpt.shape(stored)} but the model built from its "
                                  f"config.json has {tuple(param.shape)}; config and weights disagree")
             local.copy_(ckpt.read_box(stored, shape, offset))
+        elif moe_weights.is_fused_expert(name) and moe_weights.stored_in(ckpt, name_in_checkpoint(name)):
+            local.copy_(moe_weights.read_fused_box(ckpt, name_in_checkpoint(name), shape, offset))
         elif name in extra:
             local.copy_(extra[name][tuple(slice(o, o + s) for o, s in zip(offset, shape))])
         else:

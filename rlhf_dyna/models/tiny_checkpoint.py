@@ -49,7 +49,8 @@ def make_tiny_checkpoint(out_dir: str | Path, arch: str = "llama", vocab_size: i
                          intermediate_size: int = 256, num_hidden_layers: int = 2, num_attention_heads: int = 4,
                          num_key_value_heads: int = 2, max_position_embeddings: int = 512,
                          tie_word_embeddings: bool = False, chat_template: bool = True, seed: int = 0,
-                         dtype: torch.dtype = torch.float32, initializer_range: float = 0.02) -> Path:
+                         dtype: torch.dtype = torch.float32, initializer_range: float = 0.02, num_experts: int = 0,
+                         num_experts_per_tok: int = 0, moe_intermediate_size: int = 0) -> Path:
     """Write the directory and return its path. head_dim = hidden / heads must be one vLLM's CPU attention takes
     (32, 64, 80, ...). The embedding has exactly the tokenizer's size, rounded up to a multiple of 16 (TP splits it)."""
     from transformers import GenerationConfig, PreTrainedTokenizerFast
@@ -67,6 +68,7 @@ def make_tiny_checkpoint(out_dir: str | Path, arch: str = "llama", vocab_size: i
         num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
         max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings,
         initializer_range=initializer_range, bos_token_id=ids[BOS], eos_token_id=ids[IM_END], pad_token_id=ids[PAD],
+        num_experts=num_experts, num_experts_per_tok=num_experts_per_tok, moe_intermediate_size=moe_intermediate_size,
     )
     policy = build_policy(spec, dtype, seed=seed)
     save_hf_dir(policy, make_hf_config(spec), out)
@@ -79,7 +81,8 @@ def make_tiny_checkpoint(out_dir: str | Path, arch: str = "llama", vocab_size: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir")
-    parser.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3"])
+    parser.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "qwen3_moe"])
+    parser.add_argument("--experts", type=int, default=4, help="qwen3_moe only: experts per layer (2 routed per token)")
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--no-chat-template", action="store_true")
@@ -87,7 +90,9 @@ def main() -> None:
     args = parser.parse_args()
     out = make_tiny_checkpoint(args.out_dir, arch=args.arch, hidden_size=args.hidden_size,
                                intermediate_size=2 * args.hidden_size, num_hidden_layers=args.layers,
-                               chat_template=not args.no_chat_template, seed=args.seed)
+                               chat_template=not args.no_chat_template, seed=args.seed,
+                               **(dict(num_experts=args.experts, num_experts_per_tok=2,
+                                       moe_intermediate_size=args.hidden_size // 2) if args.arch == "qwen3_moe" else {}))
     config = json.loads((out / "config.json").read_text())
     print(f"wrote {out}: {config['architectures'][0]}, vocab {config['vocab_size']}, hidden {config['hidden_size']}, "
           f"{config['num_hidden_layers']} layers")

@@ -84,7 +84,8 @@ def model_source(model: ModelConfig, tokenizer: CharTokenizer) -> ModelSpec | st
         intermediate_size=model.intermediate_size, num_hidden_layers=model.num_hidden_layers,
         num_attention_heads=model.num_attention_heads, num_key_value_heads=model.num_key_value_heads,
         max_position_embeddings=model.max_position_embeddings, tie_word_embeddings=model.tie_word_embeddings,
-        rope_theta=model.rope_theta,
+        rope_theta=model.rope_theta, num_experts=model.num_experts, num_experts_per_tok=model.num_experts_per_tok,
+        moe_intermediate_size=model.moe_intermediate_size,
     )
 
 

@@ -109,9 +109,16 @@ class TrainEngine:
     def forward(self, micro_batch: dict[str, Tensor]) -> object:
         """HF forward with mask-derived positions; returns the model's output (`.logits` or `.values`)."""
         mask = micro_batch["attention_mask"]
+        moe = {"output_router_logits": True} if self.returns_aux_loss else {}  # HF then returns the router's aux_loss
         return self.model(
-            input_ids=micro_batch["input_ids"], attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False
+            input_ids=micro_batch["input_ids"], attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False,
+            **moe,
         )
+
+    @property
+    def returns_aux_loss(self) -> bool:
+        """MoE causal LMs (HF computes the load-balancing loss in the LM head's forward, not in a value model's)."""
+        return bool(getattr(self.model.config, "num_experts", 0)) and hasattr(self.model, "lm_head")
 
     def step(self, batch: dict[str, Tensor], loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over this rank's batch, accumulating gradients over micro-batches."""
@@ -121,9 +128,13 @@ class TrainEngine:
         norm = self.loss_norm(batch)
         self.optimizer.zero_grad(set_to_none=True)
         summed: dict[str, float] = {}
-        for micro_batch in self._micro_batches(batch):
-            loss, metrics = loss_fn(self.forward(micro_batch), micro_batch, norm)
+        micro_batches = self._micro_batches(batch)
+        for micro_batch in micro_batches:
+            output = self.forward(micro_batch)
+            loss, metrics = loss_fn(output, micro_batch, norm)
             loss.backward()  # FSDP2 reduce-scatters each micro-batch's grads and accumulates the fp32 shards
+            if getattr(output, "aux_loss", None) is not None:  # logged, not trained on: mean over micro-batches
+                metrics = {**metrics, "aux_loss": float(output.aux_loss.detach()) / len(micro_batches)}
             for key, value in {"loss": float(loss.detach()), **metrics}.items():
                 summed[key] = summed.get(key, 0.0) + float(value)
         grad_norm = self.clip_gradients()

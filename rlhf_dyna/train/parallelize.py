@@ -34,6 +34,9 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     config = model.config
     tp = tp_mesh.size()
+    if getattr(config, "num_experts", 0):
+        raise ValueError(f"tp={tp} on an MoE model ({config.model_type}, num_experts={config.num_experts}): the TP plan "
+                         f"has no styles for the fused expert tensors; train MoE models with tp=1 (FSDP2 over dp)")
     for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
         if getattr(config, name) % tp:
             raise ValueError(f"tp={tp} does not divide {name}={getattr(config, name)}")
@@ -60,8 +63,9 @@ def fsdp_shard_dim(layer: nn.Module, dp: int) -> Callable[[nn.Parameter], Shard 
     (`vps.train_layout.row_sharded_on_cols`: the TP-local columns split evenly over dp), so a rank's shard is a column
     block under dp and dp x tp alike and a relayout between them keeps it in place; everything else keeps dim 0."""
     on_cols = set()
-    for name in ROW_PARALLEL:
-        weight = layer.get_parameter(name)
+    own = dict(layer.named_parameters())
+    for name in (n for n in ROW_PARALLEL if n in own):  # MoE layers have no dense mlp.down_proj
+        weight = own[name]
         tp = weight.device_mesh.size() if isinstance(weight, DTensor) else 1
         if row_sharded_on_cols(weight.shape[1], tp, dp):
             on_cols.add(id(weight))

@@ -19,6 +19,8 @@ from types import TracebackType
 import torch
 from torch import Tensor, nn
 
+from rlhf_dyna.transition.vllm_moe_cpu import repack_installed_experts
+
 
 class LayerwiseInstaller:
     """`with LayerwiseInstaller(model, vllm_config, aliases) as install: install.submit(staged)` per group."""
@@ -62,9 +64,11 @@ class LayerwiseInstaller:
 
         start = time.perf_counter()
         per_layer: dict[str, dict[str, Tensor]] = {}
+        first_name: dict[int, str] = {}  # module id -> one of its names: MoE's FusedMoE also reaches the router as .gate
         for name, tensor in staged.items():
             for alias in self.aliases[name]:  # a tied lm_head is processed (repacked) from the same tensor
                 layer_name, _, attr = alias.rpartition(".")
+                layer_name = first_name.setdefault(id(self.model.get_submodule(layer_name)), layer_name)
                 per_layer.setdefault(layer_name, {})[attr] = tensor
         for layer_name, tensors in per_layer.items():
             layer = self.model.get_submodule(layer_name)
@@ -80,6 +84,7 @@ class LayerwiseInstaller:
                                      f"staged {tuple(tensor.shape)} {tensor.dtype}")
                 param.data = tensor  # adopt the staged storage: no copy before the repack
             _layerwise_process(layer, info)  # process_weights_after_loading, copy into the kernel tensors
+            repack_installed_experts(layer)  # CPU MoE: vLLM skips its expert prepack on updates
         self.install_seconds += time.perf_counter() - start
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:

@@ -90,7 +90,7 @@ class VpsSync(WeightSync):
         vllm_config = rollout.llm.llm_engine.vllm_config
         with LayerwiseInstaller(destination.model, vllm_config, destination.aliases, self.overlap_install) as installer:
             for group in groups:
-                names = {t.name for t in group}
+                names = {t.train_buffer for t in group}  # live names: MoE experts are fused in training
                 t = planned(sub_catalog(src_catalog, group), src_spec, sub_catalog(dst_catalog, group), dst_spec,
                             (Kind.PARAM,), self.budget_bytes // 2, rank)
                 src = bind_train_buffers({k: v for k, v in params.items() if k[0] in names}, t.src, rank, t.src_buffers)

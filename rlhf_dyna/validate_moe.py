@@ -1,0 +1,49 @@
+"""Pre-spawn checks of MoE runs: what runs live (ep=1, FSDP2 over dp, vLLM rollout as one TP group) and what not."""
+from __future__ import annotations
+
+from .config import Config
+
+CPU_MOE_ALIGNMENT = 32  # vLLM 0.32's CPU MoE kernel pads each rank's expert intermediate dim to a multiple of this
+
+
+class MoeConfigError(ValueError):
+    pass
+
+
+def is_moe(cfg: Config) -> bool:
+    return cfg.model.arch == "qwen3_moe" or cfg.model.num_experts > 0
+
+
+def moe_live_problems(cfg: Config, on_cpu: bool) -> list[str]:
+    """Every reason this MoE config cannot run live, each saying what would be valid; [] = it runs."""
+    if not is_moe(cfg):
+        return []
+    m, t, r, world = cfg.model, cfg.parallel.train, cfg.rollout, cfg.parallel.world_size
+    out = []
+    if t.ep > 1:
+        out.append(f"parallel.train.ep={t.ep}: expert parallel training (all-to-all dispatch) does not run live yet; "
+                   f"use parallel.train.ep=1 (every expert on every dp shard, FSDP2 over dp) or dry_run=true")
+    if t.pp > 1:
+        out.append(f"parallel.train.pp={t.pp} with model.arch={m.arch}: pipeline stages of MoE layers are untested "
+                   f"live; use parallel.train.pp=1 for MoE models")
+    if t.tp > 1:
+        out.append(f"parallel.train.tp={t.tp} with model.arch={m.arch}: the TP plan has no styles for the fused expert "
+                   f"tensors; use parallel.train.tp=1 (FSDP2 over dp) for MoE models")
+    if r.sync != "vps":
+        out.append(f"rollout.sync={r.sync} with MoE: only sync=vps writes the fused w13/w2 expert tensors vLLM uses; "
+                   f"set rollout.sync=vps")
+    if on_cpu and r.tp != world:
+        out.append(f"rollout.tp={r.tp} on {world} CPU ranks gives vLLM data_parallel_size={world // max(r.tp, 1)}; vLLM "
+                   f"0.32's CPU MoE layers then all-gather tokens across DP replicas (all_gatherv), which its CPU "
+                   f"communicator does not implement; set rollout.tp={world} (one TP group over all ranks)")
+    if on_cpu and m.moe_intermediate_size and (m.moe_intermediate_size // max(r.tp, 1)) % CPU_MOE_ALIGNMENT:
+        out.append(f"model.moe_intermediate_size / rollout.tp = {m.moe_intermediate_size} / {r.tp} is not a multiple of "
+                   f"{CPU_MOE_ALIGNMENT}: vLLM's CPU MoE kernel pads it and weight updates no longer fit its tensors; "
+                   f"use model.moe_intermediate_size={CPU_MOE_ALIGNMENT * max(r.tp, 1)} (or a multiple)")
+    return out
+
+
+def check_moe_live(cfg: Config, on_cpu: bool) -> None:
+    problems = moe_live_problems(cfg, on_cpu)
+    if problems:
+        raise MoeConfigError("This MoE configuration does not run live yet: " + "; ".join(problems) + ".")
