@@ -185,7 +185,8 @@ def split_step(cfg, step, rng, task, tokenizer, ranks: SplitRanks, actor, ref, r
                              seed=cfg.trainer.seed * 1_000_003 + step * 10_007)
     gen_seconds = time.perf_counter() - t0  # the gather waited for the slowest rollout rank
     trained = train_step(cfg, step, samples, tokenizer, ranks, actor, ref, kl_ctl) if ranks.trains else {}
-    stats = sync.sync(actor, rollout)  # collective over the world: the rollout set waits here while the train set trains
+    dist.barrier()  # the rollout set waits here while the train set trains, so the sync's time below is its own
+    stats = sync.sync(actor, rollout)  # rank 0's (a rollout rank) time includes installing into its engine
     trained = ranks.from_trainer(trained)
     step_seconds = time.perf_counter() - t0
     rewards = torch.tensor([s.reward for s in samples])
