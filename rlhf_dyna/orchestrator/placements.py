@@ -90,8 +90,7 @@ def placement_transitions(cfg: Config) -> list:
 def check_split_live(cfg: Config, rollout: RankSet) -> None:
     """What the live split loop (orchestrator/split_run) does not do yet, refused before spawn."""
     t, p = cfg.trainer, cfg.placement
-    unsupported = [(p.max_staleness != 0, f"placement.max_staleness={p.max_staleness} (use 0: on-policy)"),
-                   (cfg.rollout.tp != 1, f"rollout.tp={cfg.rollout.tp} (each rollout rank runs one tp=1 engine; use 1)"),
+    unsupported = [(cfg.rollout.tp != 1, f"rollout.tp={cfg.rollout.tp} (each rollout rank runs one tp=1 engine; use 1)"),
                    (cfg.algorithm.name != "grpo", f"algorithm={cfg.algorithm.name} (use a critic-free one: grpo)"),
                    (cfg.parallel.train.pp > 1, f"parallel.train.pp={cfg.parallel.train.pp} (use 1)"),
                    (bool(t.resume), "trainer.resume (split runs start fresh)"),

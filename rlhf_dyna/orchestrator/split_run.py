@@ -121,8 +121,7 @@ def sync_metrics(stats, step_seconds: float) -> dict[str, float]:
     return {f"{SYNC}/seconds": stats.seconds, f"{SYNC}/bytes_moved": float(stats.bytes_moved),
             f"{SYNC}/rounds": float(stats.rounds), f"{SYNC}/peak_extra_bytes": float(stats.peak_extra_bytes),
             "timing_s/weight_sync": stats.seconds, "timing_s/placement_change": stats.seconds,
-            "placement/change_share": stats.seconds / step_seconds if step_seconds > 0 else 0.0,
-            "placement/staleness": 0.0}
+            "placement/change_share": stats.seconds / step_seconds if step_seconds > 0 else 0.0}
 
 
 def run_split(cfg: Config, out_dir: Path, dist_info) -> None:
@@ -159,8 +158,12 @@ def run_split(cfg: Config, out_dir: Path, dist_info) -> None:
             tracker.log(0, {**warmup, **split_evaluate(cfg, rollout, task, tokenizer, ranks)})
         else:
             split_evaluate(cfg, rollout, task, tokenizer, ranks)
+        stale = cfg.placement.max_staleness
+        ahead = step_samples(cfg, 1, rng, task, tokenizer, ranks, rollout) if stale else None  # one step ahead
         for step in range(1, cfg.trainer.total_steps + 1):
-            metrics = split_step(cfg, step, rng, task, tokenizer, ranks, actor, ref, rollout, sync, kl_ctl)
+            metrics = split_step(cfg, step, rng, task, tokenizer, ranks, actor, ref, rollout, sync, kl_ctl,
+                                 ahead if stale else None)
+            ahead = metrics.pop("_ahead", None)
             if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
                 metrics.update(split_evaluate(cfg, rollout, task, tokenizer, ranks))
             if tracker:
@@ -177,14 +180,29 @@ def actor_config(path: str):
     return checkpoint_config(path)
 
 
-def split_step(cfg, step, rng, task, tokenizer, ranks: SplitRanks, actor, ref, rollout, sync, kl_ctl) -> dict:
-    """Collective. One on-policy step; the metrics on every rank (only rank 0 logs them)."""
+def step_samples(cfg, step, rng, task, tokenizer, ranks: SplitRanks, rollout) -> tuple[list, float]:
+    """Collective: step `step`'s samples on every rank, and the rollout set's generate seconds."""
     t0 = time.perf_counter()
-    prompts = task.train_prompts(step, cfg.task.prompts_per_step, rng)  # same on every rank
-    samples = split_generate(cfg, rollout, task, tokenizer, prompts, ranks,
-                             seed=cfg.trainer.seed * 1_000_003 + step * 10_007)
-    gen_seconds = time.perf_counter() - t0  # the gather waited for the slowest rollout rank
+    prompts = task.train_prompts(step, cfg.task.prompts_per_step, rng)  # same on every rank, in step order
+    seed = cfg.trainer.seed * 1_000_003 + step * 10_007
+    local = generate(cfg, rollout, task, tokenizer, prompts, ranks.gen_ctx, seed=seed) if ranks.generates else []
+    seconds = time.perf_counter() - t0
+    return sorted(gather_samples(local, ranks.generates), key=lambda s: s.prompt_index), seconds
+
+
+def split_step(cfg, step, rng, task, tokenizer, ranks: SplitRanks, actor, ref, rollout, sync, kl_ctl,
+               ahead: tuple[list, float] | None = None) -> dict:
+    """Collective. One step; the metrics on every rank (only rank 0 logs them). With `ahead` (max_staleness=1) the
+    step trains on samples generated one weight version ago, while the rollout set generates the next step's; the
+    next samples come back under the key "_ahead"."""
+    t0, last = time.perf_counter(), step == cfg.trainer.total_steps
+    if ahead is None:
+        (samples, gen_seconds), following = step_samples(cfg, step, rng, task, tokenizer, ranks, rollout), None
+    else:
+        samples, gen_seconds = ahead
     trained = train_step(cfg, step, samples, tokenizer, ranks, actor, ref, kl_ctl) if ranks.trains else {}
+    if ahead is not None:  # the rollout ranks generate step k+1 while the train ranks train step k; both meet here
+        following = None if last else step_samples(cfg, step + 1, rng, task, tokenizer, ranks, rollout)
     dist.barrier()  # the rollout set waits here while the train set trains, so the sync's time below is its own
     stats = sync.sync(actor, rollout)  # rank 0's (a rollout rank) time includes installing into its engine
     trained = ranks.from_trainer(trained)
@@ -196,5 +214,6 @@ def split_step(cfg, step, rng, task, tokenizer, ranks: SplitRanks, actor, ref, r
         **rollout_metrics(samples, cfg.rollout.max_new_tokens, gen_seconds, trained["timing_s/train_actor"],
                           cfg.algorithm.epochs),
         **trained, "timing_s/gen": gen_seconds, "timing_s/step": step_seconds,
-        **sync_metrics(stats, step_seconds),
+        **sync_metrics(stats, step_seconds), "placement/staleness": 0.0 if ahead is None or step == 1 else 1.0,  # step 1: w0 both
+         "_ahead": following,
     }

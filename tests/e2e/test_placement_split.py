@@ -54,7 +54,7 @@ def run(run_dir: Path, *args: str) -> list[dict]:
 @pytest.fixture(autouse=True)
 def no_leftover_processes(tmp_path):
     yield
-    for name in ("colocate", "split"):
+    for name in ("colocate", "split"):  # a timeout kills only the launcher
         for pid in with_mark(str(tmp_path / name)):
             os.kill(pid, signal.SIGKILL)
 
@@ -83,3 +83,14 @@ def test_split_refuses_what_it_does_not_run_before_spawn(tmp_path):
     assert proc.returncode != 0
     assert "placement=split" in proc.stderr and "trainer.save_last=false" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.timeout(600)
+def test_split_staleness_1_generates_ahead_and_logs_its_staleness(tmp_path):
+    """Generation of step k+1 (weights of step k-1) overlaps the training of step k; the run logs staleness 1 from
+    step 2 on (step 1's samples come from the initial weights, on-policy), and still learns from real rewards."""
+    rows = run(tmp_path / "split", *GRPO4, "placement=split", "placement.max_staleness=1")
+    assert with_mark(str(tmp_path / "split")) == [], "engine or rank processes outlived the split run"
+    assert [r["placement/staleness"] for r in rows[1:]] == [0.0, 1.0, 1.0]
+    assert all(r[f"{SYNC}/bytes_moved"] > 0 for r in rows[1:]) and "eval/accuracy" in rows[-1]
+    assert any(r["reward/mean"] > 0 for r in rows[1:])
