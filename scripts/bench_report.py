@@ -1,9 +1,27 @@
 """Reporting of scripts/bench_reshard.py: per-rank records -> rows (floors, medians, ratios), table, JSON, chart."""
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import re
 import statistics
+import time
 from pathlib import Path
+
+LABELS = {  # transition -> what it is, for the README table
+    "train_to_vllm": "FSDP dp4 -> **real vLLM** tp2 x dp2 (install included)",
+    "train_to_vllm_like": "FSDP dp4 -> vLLM-like buffers tp2 x dp2 (no engine)",
+    "dp4_to_dp2tp2": "dp4 -> dp2 x tp2, AdamW",
+    "dp4_to_dp2tp2_searched": "same, rank order searched (TP outer)",
+}
+BEGIN, END = "<!-- bench_reshard:begin -->", "<!-- bench_reshard:end -->"
+
+
+def machine() -> str:
+    with open("/proc/meminfo") as f:
+        total = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:")) / 2**20
+    return f"{os.cpu_count()} CPU cores, {total:.0f} GiB"
 
 
 def same_fingerprint(a: list[float], b: list[float]) -> bool:
@@ -11,31 +29,34 @@ def same_fingerprint(a: list[float], b: list[float]) -> bool:
 
 
 def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[float]]] | None) -> list[dict]:
-    """One row per (transition, method): slowest rank's seconds, bytes over all ranks, largest rank's peak."""
-    copy_rate = per_rank[0]["bandwidth"]["copy"]
+    """One row per (transition, method): slowest rank's seconds, bytes over all ranks, largest rank's peak; a
+    `floor` row per transition: the paired probes of the plan's own pair matrix (median), plus vLLM's repack of
+    the rank's shard from local memory where a real engine is the target."""
     rows = []
-    for transition in per_rank[0]["must_receive"]:
-        must = [r["must_receive"][transition][0] for r in per_rank]
-        local = [r["must_receive"][transition][1] for r in per_rank]
-        vps = next((x for x in per_rank[0]["records"] if x["transition"] == transition and x["bandwidths"]), None)
-        paired = vps["bandwidths"] if vps else []  # identical on every rank (the probe all-reduces its time)
-        bandwidth = statistics.median(paired) if paired else per_rank[0]["bandwidth"]["concurrent"]
-        # with_copies: also the rank-local copy of what a rank keeps, fully overlapped (max, not sum): still a floor
-        with_copies = max(max(m / bandwidth, c / copy_rate) for m, c in zip(must, local))
-        floor = dict(size=size, transition=transition, method="floor", seconds=max(must) / bandwidth, bytes_moved=sum(must),
-                     max_rank_bytes=max(must), peak_extra_bytes=None, correct=True, bandwidth_bytes_per_s=bandwidth,
-                     local_bytes=local, copy_bytes_per_s=copy_rate, with_copies_seconds=with_copies)
+    for transition, info in per_rank[0]["floor"].items():
+        received = info["received_by_rank"]  # from the plan: identical on every rank
+        vps = next(x for x in per_rank[0]["records"] if x["transition"] == transition and x["floors"])
+        repacks = vps.get("repacks") or [0.0] * len(vps["floors"])  # max-reduced by the probes: same on every rank
+        totals = [w + r for w, r in zip(vps["floors"], repacks)]
+        wire, repack = statistics.median(vps["floors"]), statistics.median(repacks)
+        floor = dict(size=size, transition=transition, method="floor", seconds=statistics.median(totals), wire_seconds=wire,
+                     repack_seconds=repack, wire_runs=vps["floors"], repack_runs=repacks, bytes_moved=sum(received),
+                     max_rank_bytes=max(received), peak_extra_bytes=None, correct=True)
+        for key in ("budget_bytes", "largest_piece_bytes", "tokens_changed", "install_overlapped"):
+            if key in info:
+                floor[key] = info[key]
         rows.append(floor)
         methods = [rec["method"] for rec in per_rank[0]["records"] if rec["transition"] == transition]
         for method in methods:
             recs = [next(x for x in r["records"] if x["transition"] == transition and x["method"] == method) for r in per_rank]
-            received = [x["bytes_received"] for x in recs]
+            got = [x["bytes_received"] for x in recs]
+            total = got[0] if recs[0].get("bytes_total") else (sum(got) if min(got) >= 0 else None)
             runs = [max(run) for run in zip(*(x["seconds"] for x in recs))]  # each run: its slowest rank
-            ratios = [t * bw / max(must) for t, bw in zip(runs, recs[0]["bandwidths"])]  # run / its paired floor
+            ratios = [t / (f + r) for t, f, r in zip(runs, recs[0]["floors"], recs[0].get("repacks") or repacks)]
+            overlapped = [t / max(f, r) for t, f, r in zip(runs, recs[0]["floors"], recs[0].get("repacks") or repacks)]
             rows.append(dict(size=size, transition=transition, method=method, seconds=statistics.median(runs), seconds_runs=runs,
-                             paired_floor_ratios=ratios,
-                             bytes_moved=sum(received) if min(received) >= 0 else None,
-                             max_rank_bytes=max(received) if min(received) >= 0 else None,
+                             paired_floor_ratios=ratios, paired_overlap_floor_ratios=overlapped, bytes_moved=total,
+                             max_rank_bytes=None if recs[0].get("bytes_total") or min(got) < 0 else max(got),
                              peak_extra_bytes=max(x["peak_extra_bytes"] for x in recs), correct=all(x["correct"] for x in recs)))
             if method == "checkpoint" and restart is not None:
                 restart_seconds, restart_prints = restart
@@ -49,7 +70,6 @@ def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[f
                 row["x_floor"], row["x_naive"] = row["seconds"] / floor["seconds"], row["seconds"] / naive
                 if row.get("paired_floor_ratios"):
                     row["x_floor"] = statistics.median(row["paired_floor_ratios"])
-                row["x_floor_with_copies"] = row["seconds"] / with_copies
     return rows
 
 
@@ -58,13 +78,13 @@ def _mb(value: float | None) -> str:
 
 
 def print_table(rows: list[dict], params: dict[str, int]) -> None:
-    header = (f"{'size':>6} {'transition':<22} {'method':<19} {'seconds':>9} {'x floor':>8} {'x floor+copy':>12} {'x naive':>8} "
+    header = (f"{'size':>6} {'transition':<22} {'method':<19} {'seconds':>9} {'x floor':>8} {'x naive':>8} "
               f"{'MiB moved':>10} {'max rank MiB':>12} {'peak extra MiB':>14} ok")
     print(header)
     print("-" * len(header))
     for r in rows:
         size = f"{params[r['size']] / 1e6:.0f}M" if params[r["size"]] >= 1e6 else f"{params[r['size']] / 1e3:.0f}K"
-        print(f"{size:>6} {r['transition']:<22} {r['method']:<19} {r['seconds']:>9.3f} {r['x_floor']:>8.2f} {r.get('x_floor_with_copies', float('nan')):>12.2f} {r['x_naive']:>8.2f} "
+        print(f"{size:>6} {r['transition']:<22} {r['method']:<19} {r['seconds']:>9.3f} {r['x_floor']:>8.2f} {r['x_naive']:>8.2f} "
               f"{_mb(r['bytes_moved']):>10} {_mb(r['max_rank_bytes']):>12} {_mb(r['peak_extra_bytes']):>14} {'yes' if r['correct'] else 'NO'}")
 
 
@@ -95,13 +115,61 @@ def plot(rows: list[dict], params: dict[str, int], path: Path, order: tuple[str,
 
 
 def write_report(out: Path, rows: list[dict], params: dict[str, int], transitions: list[str], setup: dict,
-                 order: tuple[str, ...]) -> None:
+                 order: tuple[str, ...], date: str | None = None) -> None:
     """Prints the table, writes bench_reshard.json (`setup`: world, layouts) and bench_reshard.png."""
     out.mkdir(parents=True, exist_ok=True)
     print_table(rows, params)
-    report = dict(**setup, params=params,
-                  floor_bandwidth="p2p bytes/s per rank, all ranks exchanging at once (same backend, same run)",
+    report = dict(**setup, params=params, date=date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=machine(),
+                  floor="per vps run: the plan's pair matrix replayed right before it (one contiguous message per pair, "
+                        "same backend, same run) + vLLM's repack of the rank's shard from local memory (real vLLM rows)",
                   transitions=transitions, rows=rows)
     (out / "bench_reshard.json").write_text(json.dumps(report, indent=1))
     plot(rows, params, out / "bench_reshard.png", order, setup["world"])
     print(f"wrote {out / 'bench_reshard.json'} and {out / 'bench_reshard.png'}")
+
+
+def _s(row: dict | None) -> str:
+    return "–" if row is None else f"{row['seconds']:.3f}"
+
+
+def markdown(report: dict) -> str:
+    """The README's table of a bench_reshard.json: seconds of the slowest rank, medians of paired runs."""
+    rows, params = report["rows"], report["params"]
+    lines = ["| size | transition | floor: wire + repack | **vps** (x floor) | naive | naive / vps | DTensor redistribute "
+             "| DCP save+load | DCP + restart | MiB moved: vps / naive | vps peak extra MiB |", "|" + "---|" * 11]
+    for size in params:
+        for transition in report["transitions"]:
+            got = {r["method"]: r for r in rows if r["size"] == size and r["transition"] == transition}
+            if "vps" not in got:
+                continue
+            floor, vps, naive = got["floor"], got["vps"], got["naive"]
+            wire = f"{floor['wire_seconds']:.3f}" + (f" + {floor['repack_seconds']:.3f}" if floor["repack_seconds"] else "")
+            moved = f"{_mb(vps['bytes_moved'])} / {_mb(naive['bytes_moved'])}"
+            ok = "" if all(r["correct"] for r in got.values()) else " **(mismatch)**"
+            lines.append(f"| {params[size] / 1e6:.0f}M | {LABELS.get(transition, transition)}{ok} | {wire} | **{vps['seconds']:.3f}** "
+                         f"({vps['x_floor']:.2f}x) | {naive['seconds']:.3f} | {naive['seconds'] / vps['seconds']:.1f}x | "
+                         f"{_s(got.get('redistribute'))} | {_s(got.get('checkpoint'))} | {_s(got.get('checkpoint_restart'))} | "
+                         f"{moved} | {_mb(vps['peak_extra_bytes'])} |")
+    stamp = f"{report.get('date', 'undated')}, {report.get('machine', 'machine unrecorded')}, {report['world']} gloo ranks"
+    return "\n".join(lines) + f"\n\nData: `docs/bench/bench_reshard.json` ({stamp}); table: `python scripts/bench_report.py " \
+        "docs/bench/bench_reshard.json --readme README.md`."
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="bench_reshard.json -> markdown table (stdout, or into README.md)")
+    parser.add_argument("json", type=Path)
+    parser.add_argument("--readme", type=Path, help=f"replace the text between {BEGIN} and {END} in this file")
+    args = parser.parse_args()
+    table = markdown(json.loads(args.json.read_text()))
+    if args.readme is None:
+        return print(table)
+    text = args.readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{args.readme} has no {BEGIN} ... {END} markers: add them where the table goes")
+    args.readme.write_text(re.sub(f"{re.escape(BEGIN)}.*?{re.escape(END)}", lambda _: f"{BEGIN}\n{table}\n{END}", text,
+                                  flags=re.S))
+    print(f"{args.readme}: table regenerated from {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,21 +1,24 @@
 """Resharding benchmark: the same live state moved by every method, side by side, on 4 gloo ranks.
 
-Transitions (source: FSDP2 dp=world, ZeRO-3, fp32, random weights and full AdamW state):
-  train_to_rollout  params -> vLLM-like tp2 x dp2 weights (fused qkv_proj / gate_up_proj), see RolloutTarget
-  dp4_to_dp2tp2     params + exp_avg + exp_avg_sq (+ step) -> a TrainEngine on a dp2 x tp2 mesh (tp innermost)
+Transitions (source: FSDP2 dp=world, ZeRO-3, fp32, random weights; train -> train with full AdamW state):
+  train_to_vllm       params -> a real in-rank bf16 vLLM engine (CPU, tp2 x dp2), end to end with its install, greedy
+                      tokens checked afterwards (bench/vllm_rows.py); methods naive and vps
+  train_to_vllm_like  params -> vLLM-like buffers with no engine behind them (bench/rollout_target.py: the VPS
+                      rollout layout's fused qkv_proj / gate_up_proj, tp2 x dp2): the wire part alone
+  dp4_to_dp2tp2       params + exp_avg + exp_avg_sq (+ step) -> a TrainEngine on a dp2 x tp2 mesh (tp innermost)
   dp4_to_dp2tp2_searched   the same into the mesh rank order VPS's plan search picks (tp outermost: fewer bytes)
 Methods: vps (rlhf_dyna.transition: planner + executor), naive, redistribute, checkpoint (DCP save + load, same processes),
-checkpoint_restart (DCP save, then fresh processes: init, build, load), and the floor: the most bytes any one
-rank must receive over the point-to-point bandwidth measured in the same run (all ranks exchanging at once);
-`x floor+copy` also counts the rank-local copy of what a rank keeps (at the copy rate measured in the same run,
-overlapped with the receives: the larger of the two); an in-place relayout adopts whole kept shards, not copies them.
-`vps` runs 3 times, each paired with a bandwidth probe right before it: the table shows the median run, the
-median paired floor, and the median of the paired ratios (x floor); the other methods run once (JSON: every run).
-Train -> train, vps runs in place as `relayout` does (the old state is consumed): each run gets a fresh source
-(rebuilt untimed, same values); shards that stay on their rank are adopted by the destination, not copied.
+checkpoint_restart (DCP save, then fresh processes: init, build, load). Floor of a run: the VPS plan's own pair
+matrix (bytes rank i sends rank j) replayed as one contiguous message per pair right before that run
+(bench.measure.pattern_seconds: the same pattern of exchanges, a single pair where one pair is active), plus, into
+real vLLM, vLLM's own install of the rank's shard from local memory (the repack). `vps` runs 3 times, each paired
+with its floor probe: the table shows the median run, the median floor and the median paired ratio (x floor);
+the other methods run once (JSON: every run). Train -> train, vps runs in place as `relayout` does (the old state
+is consumed): each run gets a fresh source (rebuilt untimed, same values); shards that stay are adopted, not copied.
 
-    python scripts/bench_reshard.py --sizes 60m,150m,500m --out bench_out
-    python scripts/bench_reshard.py --quick --out /tmp/bench      # tiny model, < 1 min
+    python scripts/bench_reshard.py --sizes 60m,300m --out bench_out
+    python scripts/bench_reshard.py --quick --out /tmp/bench      # tiny model, ~2 min
+    python scripts/bench_report.py docs/bench/bench_reshard.json --readme README.md   # the README table from the JSON
 """
 from __future__ import annotations
 
@@ -41,19 +44,20 @@ from torch import Tensor
 from bench_report import same_fingerprint, summarize, write_report
 from rlhf_dyna.models.build import ModelSpec, make_hf_config
 from rlhf_dyna.train.engine import TrainEngine
-from rlhf_dyna.transition import baselines
+from bench import baselines
 from rlhf_dyna.transition.bind_train import buffer_name
-from rlhf_dyna.transition.measure import PeakExtraMemory, copy_bandwidth, p2p_bandwidth
+from bench.measure import PeakExtraMemory, copy_bandwidth, p2p_bandwidth, pattern_seconds
 from rlhf_dyna.transition.movers import MoveStats, local_of, move_by_full_tensors
 from rlhf_dyna.transition.relayout import (MeshCache, TrainLayout, allocate_optimizer_state, bind_train_state,
                                            empty_engine_like, meta_skeleton)
-from rlhf_dyna.transition.rollout_target import RolloutTarget
+from bench.rollout_target import RolloutTarget
 from rlhf_dyna.transition.vps_mover import least_moving_layout, make_vps_mover, planned_relayout
-from rlhf_dyna.transition.vps_targets import move_to_rollout_target
+from bench.vllm_rows import bench_to_vllm
+from bench.vps_targets import move_to_rollout_target, rollout_target_plan
 
 # VPS (planner + executor) moves the same state into the same target: `vps_cold` once, planning included, then `vps`
 # VPS_REPEATS times with the cached plan, as every transition after a run's first does, each right after its own
-# bandwidth probe: on a shared 2-core VM the p2p rate drifts by +-30% within minutes, so the floor of a run is taken
+# floor probe: on a shared 2-core VM the p2p rate drifts by +-30% within minutes, so the floor of a run is taken
 # in the same machine state. The table shows medians (runs, their floors, paired ratios); the JSON every run.
 VPS_REPEATS = 3
 
@@ -61,7 +65,8 @@ WORLD = 4
 ROLLOUT_TP = 2
 DST_LAYOUT = TrainLayout(dp=2, tp=2, zero=3)
 SEARCHED = "dp4_to_dp2tp2_searched"  # the same change in the rank order the VPS plan search picks
-TRANSITIONS = ("train_to_rollout", "dp4_to_dp2tp2", SEARCHED)
+VLLM_LIKE = "train_to_vllm_like"
+TRANSITIONS = ("train_to_vllm", VLLM_LIKE, "dp4_to_dp2tp2", SEARCHED)  # PP rows append here
 SETUP = dict(world=WORLD, rollout_tp=ROLLOUT_TP, dst_layout=DST_LAYOUT.describe())  # recorded in the JSON
 
 
@@ -109,24 +114,23 @@ def fingerprint(tensors: dict[object, Tensor]) -> list[float]:
     return out
 
 
-def _bytes(tensors: dict[object, Tensor]) -> int:
-    return sum(local_of(t).numel() * local_of(t).element_size() for t in tensors.values())
+Probe = Callable[[], float]  # seconds of a run's floor, measured right before it
 
 
 def _run(method: str, transition: str, fn: Callable[[], MoveStats], dst: dict[object, Tensor], reference: list[float] | None,
-         repeats: int = 1, probe_bytes: int = 0, setup: Callable[[], list[object]] | None = None) -> dict:
-    """`repeats` timed runs, each into a NaN-filled destination and checked against `reference`; with probe_bytes,
-    each run is paired with a p2p bandwidth probe right before it (the floor of that run: same machine state).
-    `setup` runs untimed before each run (an in-place move: fresh source and destination) and names the
-    destination entries to fill (the others are replaced by the move)."""
-    seconds, bandwidths, peak, correct = [], [], 0, True
+         repeats: int = 1, probe: Probe | None = None, setup: Callable[[], list[object]] | None = None) -> dict:
+    """`repeats` timed runs, each into a NaN-filled destination and checked against `reference`; with `probe`, each
+    run is paired with a floor probe right before it (same machine state). `setup` runs untimed before each run (an
+    in-place move: fresh source and destination) and names the destination entries to fill (the others are
+    replaced by the move)."""
+    seconds, floors, peak, correct = [], [], 0, True
     for _ in range(repeats):
         to_fill = setup() if setup is not None else list(dst)
         with torch.no_grad():
             for key in to_fill:
                 local_of(dst[key]).fill_(float("nan"))
-        if probe_bytes:
-            bandwidths.append(p2p_bandwidth(probe_bytes, repeats=1))
+        if probe is not None:
+            floors.append(probe())
         dist.barrier()
         with PeakExtraMemory() as memory:
             stats = fn()
@@ -135,19 +139,24 @@ def _run(method: str, transition: str, fn: Callable[[], MoveStats], dst: dict[ob
         seconds.append(stats.seconds)
         peak = max(peak, memory.peak_extra_bytes, stats.peak_extra_bytes)  # RSS misses reused staging (StagingArena)
         correct = correct and (reference is None or same_fingerprint(got, reference))
-    return dict(method=method, transition=transition, seconds=seconds, bandwidths=bandwidths, bytes_received=stats.bytes_received,
+    return dict(method=method, transition=transition, seconds=seconds, floors=floors, bytes_received=stats.bytes_received,
                 rounds=stats.rounds, peak_extra_bytes=peak, correct=correct, fingerprint=got)
 
 
 def _vps_records(transition: str, move: Callable[[], MoveStats], dst: dict[object, Tensor], reference: list[float],
-                 probe_bytes: int, setup: Callable[[], list[object]] | None = None) -> list[dict]:
-    """`vps_cold` once (planning included), then `vps` VPS_REPEATS times, each after its paired bandwidth probe."""
+                 probe: Probe, setup: Callable[[], list[object]] | None = None) -> list[dict]:
+    """`vps_cold` once (planning included), then `vps` VPS_REPEATS times, each after its paired floor probe."""
     return [_run("vps_cold", transition, move, dst, reference, setup=setup),
-            _run("vps", transition, move, dst, reference, VPS_REPEATS, probe_bytes, setup)]
+            _run("vps", transition, move, dst, reference, VPS_REPEATS, probe, setup)]
+
+
+def _floor(pairs) -> tuple[Probe, dict]:
+    """The plan's pair matrix as a probe and as the floor's record: bytes every rank receives."""
+    return (lambda: pattern_seconds(pairs)), dict(received_by_rank=[int(x) for x in pairs.sum(axis=0)])
 
 
 def _vps_in_place_records(transition: str, make_source: Callable[[], TrainEngine], layout: TrainLayout, mesh,
-                          destination: dict[object, Tensor], reference: list[float], probe_bytes: int) -> list[dict]:
+                          destination: dict[object, Tensor], reference: list[float]) -> tuple[list[dict], dict]:
     """vps as relayout runs it: in place, from a fresh source (same values) into a fresh empty engine, both built
     untimed: shards that stay are adopted (never touched here, as in relayout), the rest freed as soon as sent."""
     held: dict[str, object] = {}  # the next run's source and mover
@@ -161,6 +170,7 @@ def _vps_in_place_records(transition: str, make_source: Callable[[], TrainEngine
         dst_engine = empty_engine_like(source_engine, layout, mesh, meta_skeleton(source_engine.model))
         allocate_optimizer_state(dst_engine, torch.tensor(0.0))
         held["source"], config = bind_train_state(source_engine), source_engine.model.config
+        held["config"] = config
         destination.update(bind_train_state(dst_engine))
         held["mover"] = make_vps_mover(config, in_place=True)
         if cold:  # asking which buffers are adopted would plan before the cold run
@@ -168,37 +178,39 @@ def _vps_in_place_records(transition: str, make_source: Callable[[], TrainEngine
         adopted, _ = planned_relayout(config, held["source"], destination).in_place
         return [key for key in destination if buffer_name(key) not in adopted]
 
-    return _vps_records(transition, lambda: held["mover"](held.pop("source"), destination), destination, reference,
-                        probe_bytes, setup)
+    cold = _run("vps_cold", transition, lambda: held["mover"](held.pop("source"), destination), destination, reference,
+                setup=setup)
+    setup()  # untimed: the plan is cached now, its pair matrix is the floor
+    probe, floor = _floor(planned_relayout(held["config"], held["source"], destination).schedule.plan.pair_bytes())
+    warm = _run("vps", transition, lambda: held["mover"](held.pop("source"), destination), destination, reference,
+                VPS_REPEATS, probe, setup)
+    return [cold, warm], floor
 
 
-def _train_destination(source_engine: TrainEngine, layout: TrainLayout, mesh) -> tuple[TrainEngine, dict, tuple[int, int]]:
-    """An empty engine in `layout` with AdamW state, its bound state, and (bytes to receive, bytes kept locally)."""
+def _train_destination(source_engine: TrainEngine, layout: TrainLayout, mesh) -> tuple[TrainEngine, dict]:
+    """An empty engine in `layout` with AdamW state, and its bound state."""
     dst_engine = empty_engine_like(source_engine, layout, mesh, meta_skeleton(source_engine.model))
     allocate_optimizer_state(dst_engine, torch.tensor(0.0))
-    destination = bind_train_state(dst_engine)
-    must = baselines.must_receive_train(bind_train_state(source_engine), destination)
-    return dst_engine, destination, (must, _bytes(destination) - must)
+    return dst_engine, bind_train_state(dst_engine)
 
 
-def bench_to_rollout(source_engine: TrainEngine, mesh2d, probe_bytes: int) -> tuple[list[dict], tuple[int, int]]:
+def bench_to_vllm_like(source_engine: TrainEngine, mesh2d) -> tuple[list[dict], dict]:
     params = {name: t for (name, kind), t in bind_train_state(source_engine).items() if kind == "param"}
     target = RolloutTarget(source_engine.model.config, ROLLOUT_TP, dist.get_rank() % ROLLOUT_TP)
-    must = baselines.must_receive_rollout(params, target)
-    local = _bytes(target.buffers) - must  # what this rank already holds: copied, not received
-    naive = _run("naive", "train_to_rollout", lambda: baselines.naive_to_rollout(params, target), target.buffers, None)
-    records = [naive, _run("redistribute", "train_to_rollout", lambda: baselines.redistribute_to_rollout(params, target, mesh2d),
+    probe, floor = _floor(rollout_target_plan(source_engine.model.config, params, target).schedule.plan.pair_bytes())
+    naive = _run("naive", VLLM_LIKE, lambda: baselines.naive_to_rollout(params, target), target.buffers, None)
+    records = [naive, _run("redistribute", VLLM_LIKE, lambda: baselines.redistribute_to_rollout(params, target, mesh2d),
                            target.buffers, naive["fingerprint"])]
-    records += _vps_records("train_to_rollout", lambda: move_to_rollout_target(source_engine.model.config, params, target),
-                            target.buffers, naive["fingerprint"], probe_bytes)  # not in place: training keeps its state
-    return records, (must, local)
+    records += _vps_records(VLLM_LIKE, lambda: move_to_rollout_target(source_engine.model.config, params, target),
+                            target.buffers, naive["fingerprint"], probe)  # not in place: training keeps its state
+    return records, floor
 
 
-def bench_train_to_train(make_source: Callable[[], TrainEngine], mesh2d, ckpt: str, probe_bytes: int) -> tuple[list[dict], tuple[int, int], dict]:
+def bench_train_to_train(make_source: Callable[[], TrainEngine], mesh2d, ckpt: str) -> tuple[list[dict], dict, dict]:
     """naive, redistribute and DCP from one source; then vps in place, each run from a fresh copy of it."""
     source_engine = make_source()
     source = bind_train_state(source_engine)
-    dst_engine, destination, floor_bytes = _train_destination(source_engine, DST_LAYOUT, mesh2d)
+    dst_engine, destination = _train_destination(source_engine, DST_LAYOUT, mesh2d)
     naive = _run("naive", "dp4_to_dp2tp2", lambda: move_by_full_tensors(source, destination), destination, None)
     records = [naive, _run("redistribute", "dp4_to_dp2tp2", lambda: baselines.redistribute_train(source, destination, mesh2d),
                            destination, naive["fingerprint"])]
@@ -213,64 +225,73 @@ def bench_train_to_train(make_source: Callable[[], TrainEngine], mesh2d, ckpt: s
 
     records.append(_run("checkpoint", "dp4_to_dp2tp2", checkpoint, destination, naive["fingerprint"]))
     del source_engine, source, dst_engine  # memory: the in-place runs hold one source and one destination at a time
-    records += _vps_in_place_records("dp4_to_dp2tp2", make_source, DST_LAYOUT, mesh2d, destination, naive["fingerprint"],
-                                     probe_bytes)
-    return records, floor_bytes, dict(save_seconds=saved["seconds"], reference=naive["fingerprint"])
+    vps, floor = _vps_in_place_records("dp4_to_dp2tp2", make_source, DST_LAYOUT, mesh2d, destination, naive["fingerprint"])
+    return records + vps, floor, dict(save_seconds=saved["seconds"], reference=naive["fingerprint"])
 
 
-def bench_searched_order(make_source: Callable[[], TrainEngine], meshes: MeshCache, probe_bytes: int) -> tuple[list[dict], tuple[int, int], str]:
+def bench_searched_order(make_source: Callable[[], TrainEngine], meshes: MeshCache) -> tuple[list[dict], dict, str]:
     """dp4 -> dp2 x tp2 in the mesh rank order the VPS search picks (TP outermost here: each rank keeps its chunk
     of every column-parallel weight), into one destination engine built on that mesh: floor, naive, vps in place."""
     source_engine = make_source()
     layout = least_moving_layout(source_engine, DST_LAYOUT)
     mesh = meshes.get(layout.dp, layout.tp, layout.tp_outer)
     source = bind_train_state(source_engine)
-    _, destination, floor_bytes = _train_destination(source_engine, layout, mesh)
+    _, destination = _train_destination(source_engine, layout, mesh)
     naive = _run("naive", SEARCHED, lambda: move_by_full_tensors(source, destination), destination, None)
     del source_engine, source
-    records = [naive, *_vps_in_place_records(SEARCHED, make_source, layout, mesh, destination, naive["fingerprint"],
-                                             probe_bytes)]
-    return records, floor_bytes, layout.describe()
+    vps, floor = _vps_in_place_records(SEARCHED, make_source, layout, mesh, destination, naive["fingerprint"])
+    return [naive, *vps], floor, layout.describe()
 
 
 def rank_main(rank: int, world: int, port: int, size: str, transitions: list[str], bw_bytes: int, ckpt: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world))  # vLLM's external_launcher reads them
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     meshes = MeshCache()
     mesh2d = meshes.get(DST_LAYOUT.dp, DST_LAYOUT.tp)
     bandwidth = {"concurrent": p2p_bandwidth(bw_bytes, concurrent=True), "single_pair": p2p_bandwidth(bw_bytes, concurrent=False),
-                 "copy": copy_bandwidth(bw_bytes)}
+                 "copy": copy_bandwidth(bw_bytes)}  # context only: floors come from each plan's own pattern
     adamw_state = bool({"dp4_to_dp2tp2", SEARCHED} & set(transitions))
 
     def make_source() -> TrainEngine:  # the same values every time (seeded per tensor and rank)
         return random_source(SIZES[size], meshes, adamw_state)
 
-    report: dict = dict(rank=rank, records=[], must_receive={}, bandwidth=bandwidth)
-    if "train_to_rollout" in transitions:
-        records, report["must_receive"]["train_to_rollout"] = bench_to_rollout(make_source(), mesh2d, bw_bytes)
+    report: dict = dict(rank=rank, records=[], floor={}, bandwidth=bandwidth)
+    rollout = None
+    if "train_to_vllm" in transitions:
+        records, report["floor"]["train_to_vllm"], rollout = bench_to_vllm(make_source(), Path(f"{out}.model"), ROLLOUT_TP,
+                                                                          VPS_REPEATS)
+        report["records"] += records
+    if VLLM_LIKE in transitions:
+        records, report["floor"][VLLM_LIKE] = bench_to_vllm_like(make_source(), mesh2d)
         report["records"] += records
         gc.collect()
     if "dp4_to_dp2tp2" in transitions:
-        records, report["must_receive"]["dp4_to_dp2tp2"], checkpoint = bench_train_to_train(make_source, mesh2d, ckpt, bw_bytes)
+        records, report["floor"]["dp4_to_dp2tp2"], checkpoint = bench_train_to_train(make_source, mesh2d, ckpt)
         report["records"] += records
         report.update(checkpoint)
         gc.collect()  # the default-order destination engine goes before the searched one is built
     if SEARCHED in transitions:
-        records, report["must_receive"][SEARCHED], report["searched_layout"] = bench_searched_order(make_source, meshes, bw_bytes)
+        records, report["floor"][SEARCHED], report["searched_layout"] = bench_searched_order(make_source, meshes)
         report["records"] += records
     gathered: list[object] = [None] * world
     dist.all_gather_object(gathered, report)
     if rank == 0:
         Path(out).write_text(json.dumps(gathered))
-    dist.destroy_process_group()
+    if rollout is not None:
+        rollout.shutdown()  # destroys the default process group itself
+        if rank == 0:
+            shutil.rmtree(f"{out}.model", ignore_errors=True)
+    else:
+        dist.destroy_process_group()
 
 
 def merge_reports(earlier: list[dict], later: list[dict]) -> list[dict]:
     """Per-rank reports of separate launches as one: records and floors appended, the first launch's bandwidths."""
     if not earlier:
         return later
-    return [{**b, **a, "records": a["records"] + b["records"], "must_receive": {**a["must_receive"], **b["must_receive"]}}
+    return [{**b, **a, "records": a["records"] + b["records"], "floor": {**a["floor"], **b["floor"]}}
             for a, b in zip(earlier, later)]
 
 
@@ -322,8 +343,10 @@ def estimated_bytes(params: int, transitions: list[str]) -> int:
     """All ranks together at the largest phase: source + destination fp32 state, plus ~1 GB per process (torch,
     transfer buffers, allocator slack: measured ~0.9-1.4 GB above the state at 500M)."""
     per_rank = []
-    if "train_to_rollout" in transitions:
+    if VLLM_LIKE in transitions:
         per_rank.append(params * 4 / WORLD + params * 4 / ROLLOUT_TP)
+    if "train_to_vllm" in transitions:  # bf16 vLLM weights, the repack probe's captured copy, ~0.5 GB more of vLLM
+        per_rank.append(params * 4 / WORLD + 2 * params * 2 / ROLLOUT_TP + 0.5e9)
     if "dp4_to_dp2tp2" in transitions or SEARCHED in transitions:
         per_rank.append(2 * 3 * params * 4 / WORLD)
     return int(WORLD * (max(per_rank) + 1.0e9))
@@ -354,9 +377,10 @@ def main() -> None:
         return restart_worker(args.sizes, args.ckpt, args.out)
     if args.merge:
         reports = [json.loads(Path(path).read_text()) for path in args.merge]
+        transitions = [t for t in TRANSITIONS if any(t in r.get("transitions", TRANSITIONS) for r in reports)]
+        dates = ", ".join(dict.fromkeys(r.get("date", "undated") for r in reports))  # when the runs were measured
         return write_report(Path(args.out), [row for r in reports for row in r["rows"]],
-                            {k: v for r in reports for k, v in r["params"].items()}, reports[0].get("transitions", list(TRANSITIONS)),
-                            SETUP, TRANSITIONS)
+                            {k: v for r in reports for k, v in r["params"].items()}, transitions, SETUP, TRANSITIONS, dates)
     sizes = ["tiny"] if args.quick else args.sizes.split(",")
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
@@ -367,7 +391,8 @@ def main() -> None:
     bw_bytes = (8 if args.quick else args.bw_mib) * 2**20
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "transformers", "rlhf_dyna.transition.baselines"])
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "transformers", "bench.baselines"])
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     params = {s: count_params(SIZES[s]) for s in sizes}
     rows: list[dict] = []
     for size in sizes:
@@ -385,9 +410,13 @@ def main() -> None:
             continue
         per_rank: list[dict] = []
         for transition in transitions:  # fresh ranks per transition: memory a phase leaves behind cannot add up
-            result = out / f"ranks_{size}_{transition}.json"
-            mp.start_processes(rank_main, args=(WORLD, _free_port(), size, [transition], bw_bytes, ckpt, str(result)),
-                               nprocs=WORLD, join=True, start_method="forkserver")
+            result, port = out / f"ranks_{size}_{transition}.json", _free_port()
+            try:
+                mp.start_processes(rank_main, args=(WORLD, port, size, [transition], bw_bytes, ckpt, str(result)),
+                                   nprocs=WORLD, join=True, start_method="forkserver")
+            finally:  # vLLM's CPU TP segments are named after the port (rollout/cpu_worker.py)
+                for path in Path("/dev/shm").glob(f"*rlhfdyna-{port}-*"):
+                    path.unlink(missing_ok=True)
             per_rank = merge_reports(per_rank, json.loads(result.read_text()))
         restart = time_restart(size, ckpt, out) if "dp4_to_dp2tp2" in transitions else None
         if not args.keep_ckpt:  # a full sweep leaves ~12 GB of checkpoints otherwise

@@ -42,6 +42,7 @@ class VLLMRollout:
         logprobs_mode: str = "processed_logprobs",
         enable_prefix_caching: bool = True,
         block_size: int | None = None,
+        load_format: str = "auto",  # "dummy": random weights, config.json only (benchmarks that sync real weights in)
     ) -> None:
         from vllm import LLM  # deferred: importing vllm costs seconds and the trainer-only paths don't need it
         from vllm.platforms import current_platform
@@ -67,6 +68,7 @@ class VLLMRollout:
             max_model_len=max_model_len,
             logprobs_mode=logprobs_mode,
             enable_prefix_caching=enable_prefix_caching,
+            load_format=load_format,
             **({} if block_size is None else {"block_size": block_size}),  # CPU default 128; only full blocks are prefix-cached
             worker_cls="rlhf_dyna.rollout.cpu_worker.ShmIdentCPUWorker" if current_platform.is_cpu() else "auto",
         )

@@ -3,12 +3,16 @@
 The source is the engine's sharded params (ParallelSpec(TRAIN, dp, tp, zero=3), see bind_train), the destination
 vLLM's TP-local (fused) parameters (ParallelSpec(ROLLOUT, tp, vllm_dp), see bind_vllm). Plans are cached per
 (model, specs, budget). Bytes moved = the plan's minimum; fp32 masters are cast to vLLM's dtype while packing.
+On the CPU the move runs per group of layers (vps.layer_groups), each installed into vLLM (vllm_install) once it
+has arrived (or, with overlap_install, while the next one is on the wire), so staging never holds the whole shard.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
+from torch import Tensor
 import torch.distributed as dist
 
 from rlhf_dyna.models.catalog import catalog_from_config
@@ -20,7 +24,10 @@ from rlhf_dyna.transition.executor import ExecStats, execute
 from rlhf_dyna.transition.relayout import bind_train_state
 from rlhf_dyna.transition.sync import SyncStats, WeightSync
 from rlhf_dyna.transition.trace import TraceRecorder
+from rlhf_dyna.transition.views import TORCH_DTYPES
+from rlhf_dyna.transition.vllm_install import LayerwiseInstaller
 from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
+from rlhf_dyna.vps.layer_groups import layer_groups, sub_catalog
 from rlhf_dyna.vps.tensor import Kind
 
 
@@ -28,30 +35,71 @@ class VpsSync(WeightSync):
     name = "vps"
 
     def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES, verify: bool = False,
-                 recorder: TraceRecorder | None = None) -> None:
+                 recorder: TraceRecorder | None = None, overlap_install: bool = False) -> None:
         self.budget_bytes = budget_bytes
         self.verify = verify  # checksum every received piece against its source (tests)
         self.recorder = recorder  # one trace event per round when set
-        self.last: ExecStats | None = None  # this rank's executor stats of the latest sync
-        self.phases: dict[str, float] = {}  # seconds of the latest sync: plan (+ binding, staging), move, install
+        # install a group on a worker thread while the next one is received; off by default: on CPU ranks that share
+        # their cores (4 gloo ranks, 2 cores) the thread competes with gloo and the repack and lost 2x in
+        # scripts/bench_reshard.py (README); worth it where a rank has a core to spare
+        self.overlap_install = overlap_install
+        self.last: ExecStats | None = None  # this rank's executor stats of the latest sync (summed over its groups)
+        self.phases: dict[str, float] = {}  # seconds of the latest sync: plan, move (+ install when overlapped), install
+        self.on_staged: Callable[[dict[str, Tensor]], None] | None = None  # sees each staged group before its install
 
     def sync(self, train_engine: TrainEngine, rollout: VLLMRollout) -> SyncStats:
         start, rank = time.perf_counter(), dist.get_rank()
         params = {key: t for key, t in bind_train_state(train_engine).items() if key[1] == Kind.PARAM.value}
         config = train_engine.model.config
-        t = planned(train_catalog(config, params), train_spec(params), catalog_from_config(config, rollout_dtype(rollout)),
-                    rollout_spec(rollout), (Kind.PARAM,), self.budget_bytes, rank)
-        destination = VllmDestination(rollout, t.dst, rank)
+        src_catalog, dst_catalog = train_catalog(config, params), catalog_from_config(config, rollout_dtype(rollout))
+        src_spec, dst_spec = train_spec(params), rollout_spec(rollout)
+        whole = planned(src_catalog, src_spec, dst_catalog, dst_spec, (Kind.PARAM,), self.budget_bytes, rank)
+        destination = VllmDestination(rollout, whole.dst, rank)
         moving = time.perf_counter()
-        src = bind_train_buffers(params, t.src, rank, t.src_buffers)
-        self.last = execute(t.rank_plan, src, destination.buffers, verify=self.verify, trace=self.recorder,
-                            trace_name="train_to_rollout")
-        staged = destination.staged_bytes
+        if destination.staged:  # CPU: receive and install group by group, staging bounded by the budget
+            stats, staged = self._grouped(params, src_catalog, dst_catalog, src_spec, dst_spec, destination, rollout)
+        else:  # GPU: straight into vLLM's parameters, in place
+            src = bind_train_buffers(params, whole.src, rank, whole.src_buffers)
+            stats, staged = [self._execute(whole, src, destination.buffers(whole.dst))], 0
         installing = time.perf_counter()
-        destination.install()
+        rollout.reset_prefix_cache()  # its KV was computed with the old weights
         seconds = time.perf_counter() - start
-        self.phases = dict(plan=moving - start, move=installing - moving, install=start + seconds - installing)
+        self.last = ExecStats(sum(s.seconds for s in stats), sum(s.bytes_sent for s in stats),
+                              sum(s.bytes_received for s in stats), sum(s.local_bytes for s in stats),
+                              sum(s.rounds for s in stats), sum(s.messages for s in stats),
+                              max(s.peak_extra_bytes for s in stats))
+        self.phases = dict(plan=moving - start, move=installing - moving, install=start + seconds - installing,
+                           **({"install_work": self._install_work} if destination.staged else {}))
         total = torch.tensor([self.last.bytes_received], dtype=torch.int64, device=train_engine.device)
         dist.all_reduce(total)
         return SyncStats(seconds=seconds, bytes_moved=int(total), rounds=self.last.rounds,
                          peak_extra_bytes=staged + self.last.peak_extra_bytes)
+
+    def _execute(self, t, src, dst) -> ExecStats:
+        return execute(t.rank_plan, src, dst, verify=self.verify, trace=self.recorder, trace_name="train_to_rollout")
+
+    def _grouped(self, params, src_catalog, dst_catalog, src_spec, dst_spec, destination: VllmDestination,
+                 rollout: VLLMRollout) -> tuple[list[ExecStats], int]:
+        """Groups of layers of at most budget/8 per rank each: the executor gets budget/2, at most two groups are
+        staged at once (one being received, one being installed) and the repack copies one layer more, so the
+        peak stays within the budget plus the largest layer. Returns the groups' stats and the most staged bytes."""
+        rank, stats, peak_staged, alive = dist.get_rank(), [], 0, []
+        itemsize = torch.empty((), dtype=TORCH_DTYPES[dst_catalog.param_dtype]).element_size()
+        groups = layer_groups(dst_catalog, rollout.tp, itemsize, self.budget_bytes // 8)
+        vllm_config = rollout.llm.llm_engine.vllm_config
+        with LayerwiseInstaller(destination.model, vllm_config, destination.aliases, self.overlap_install) as installer:
+            for group in groups:
+                names = {t.name for t in group}
+                t = planned(sub_catalog(src_catalog, group), src_spec, sub_catalog(dst_catalog, group), dst_spec,
+                            (Kind.PARAM,), self.budget_bytes // 2, rank)
+                src = bind_train_buffers({k: v for k, v in params.items() if k[0] in names}, t.src, rank, t.src_buffers)
+                staged = destination.buffers(t.dst)
+                stats.append(self._execute(t, src, staged))
+                alive = alive[-1:] + [sum(b.numel() * b.element_size() for b in staged.values())]
+                peak_staged = max(peak_staged, sum(alive) if self.overlap_install else alive[-1])
+                if self.on_staged is not None:
+                    self.on_staged(staged)
+                installer.submit(staged)
+                del staged
+        self._install_work = installer.install_seconds
+        return stats, peak_staged

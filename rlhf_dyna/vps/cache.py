@@ -14,7 +14,8 @@ _PLANS: dict[tuple, Plan] = {}
 
 
 def model_key(catalog: ModelCatalog) -> tuple:
-    return (catalog.arch, catalog.dims, catalog.param_dtype, catalog.state_dtype, len(catalog.tensors))
+    # the names: a sub-catalog (vps.layer_groups) of one layer group must not share a plan with another's
+    return (catalog.arch, catalog.dims, catalog.param_dtype, catalog.state_dtype, tuple(t.name for t in catalog.tensors))
 
 
 def cached_plan(catalog: ModelCatalog, src: ParallelSpec, dst: ParallelSpec, ranks_per_node: int = 8) -> Plan:

@@ -21,6 +21,12 @@ from .train_layout import tensor_stages
 VOCAB_PADDING = 64  # vllm DEFAULT_VOCAB_PADDING_SIZE
 
 
+def vllm_padded_vocab(vocab: int) -> int:
+    """vLLM's vocab-parallel row count: the vocabulary padded to a multiple of 64, then split evenly over tp (tp must
+    divide it); padding rows belong to no logical tensor. The one place this rule is written."""
+    return pad_to_multiple(vocab, VOCAB_PADDING)
+
+
 def vllm_name(t: CatalogTensor, slot: int) -> str:
     return "lm_head.weight" if t.role == Role.EMBED and slot == 1 else t.rollout_buffer
 
@@ -53,7 +59,7 @@ def stage_pieces(t: CatalogTensor, dims: ModelDims, stage: np.ndarray, spec: Par
     kv_rule = replicated_groups(dims.num_kv_heads) if tp >= dims.num_kv_heads else even
     role = t.role
     if role in (Role.EMBED, Role.LM_HEAD):
-        vp = pad_to_multiple(dims.vocab, VOCAB_PADDING)
+        vp = vllm_padded_vocab(dims.vocab)
         place = fused_placer((vp // tp, h), 0, 0)
         return mesh_pieces(t.shape, stage, axes, {0: [("tp", padded(vp))]}, slot, place)
     if role in (Role.Q, Role.K, Role.V, Role.Q_BIAS, Role.K_BIAS, Role.V_BIAS):

@@ -73,7 +73,7 @@ def validate_train(spec: ParallelSpec, dims: ModelDims) -> None:
 
 
 def validate_rollout(spec: ParallelSpec, dims: ModelDims) -> None:
-    from .split import pad_to_multiple
+    from .rollout_layout import vllm_padded_vocab  # deferred: rollout_layout imports this module
 
     if spec.cp != 1 or spec.dp_replicate != 1 or spec.etp != 1:
         raise SpecError("rollout specs take dp, vllm_dp, pp, tp, ep only; valid cp, dp_replicate, etp: 1")
@@ -84,7 +84,7 @@ def validate_rollout(spec: ParallelSpec, dims: ModelDims) -> None:
         valid = [t for t in divisors(dims.num_heads) if t % kv == 0 or kv % t == 0]
         raise SpecError(f"tp={spec.tp} neither divides nor is a multiple of num_key_value_heads={kv} "
                         f"(vLLM replicates KV heads only when tp is a multiple); valid tp: {', '.join(map(str, valid))}")
-    require_divides("tp", spec.tp, "padded vocab_size", pad_to_multiple(dims.vocab, 64))
+    require_divides("tp", spec.tp, "padded vocab_size", vllm_padded_vocab(dims.vocab))
     moe_group = spec.vllm_dp * spec.tp
     if dims.num_experts:
         if spec.ep not in (1, moe_group):

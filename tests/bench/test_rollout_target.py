@@ -1,12 +1,11 @@
-"""The vLLM-like fused TP target: where each HF tensor lands, and the must-receive arithmetic of the floor."""
+"""The vLLM-like fused TP target (built on the VPS rollout layout): where each HF tensor lands."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from rlhf_dyna.models.build import ModelSpec, make_hf_config
-from rlhf_dyna.transition.baselines import dp_rows
-from rlhf_dyna.transition.rollout_target import RolloutTarget
+from bench.rollout_target import RolloutTarget
 
 SPEC = ModelSpec(arch="llama", vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2)  # vocab 100 pads to 128 for tp=2
@@ -40,27 +39,3 @@ def test_fused_buffers_hold_this_ranks_slices_in_vllm_order(tp_rank: int) -> Non
     assert embed.shape == (64, 32)  # padded vocab 128 over tp=2
     real = full["model.embed_tokens.weight"][64 * tp_rank : 64 * tp_rank + 64]
     assert torch.equal(embed[: len(real)], real) and not embed[len(real):].any()  # padding rows stay empty
-
-
-@pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("held_dim", [0, 1])
-def test_must_receive_counts_needed_elements_outside_the_held_range(world: int, held_dim: int) -> None:
-    """Brute force: fill the target with 1 + flat index of every element and count the ones this rank lacks, when
-    it holds a dp chunk of dim 0 (FSDP's default) or of dim 1 (row-parallel weights) of each 2-D tensor."""
-    config = make_hf_config(SPEC)
-    full = _full_tensors(config, lambda shape: torch.arange(torch.Size(shape).numel(), dtype=torch.float64).view(shape) + 1)
-    for rank in range(world):
-        target = RolloutTarget(config, tp=2, tp_rank=rank % 2, dtype=torch.float64)
-        expected = computed = 0
-        for name, tensor in full.items():
-            for buffer in target.buffers.values():
-                buffer.zero_()
-            target.fill(name, tensor)
-            dim = held_dim if tensor.ndim > 1 else 0
-            lo, hi = dp_rows(tensor.shape[dim], world, rank)
-            got = torch.cat([b.reshape(-1) for b in target.buffers.values()])
-            flat = (got[got > 0] - 1).long()
-            coord = flat // tensor[0].numel() if dim == 0 and tensor.ndim > 1 else (flat % tensor.shape[1] if dim == 1 else flat)
-            expected += int(((coord < lo) | (coord >= hi)).sum())
-            computed += target.must_receive(name, tuple(tensor.shape), (dim, lo, hi))
-        assert computed == expected, (world, rank, held_dim)

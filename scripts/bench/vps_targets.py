@@ -1,6 +1,6 @@
 """VPS moves into the benchmark's vLLM-like `RolloutTarget` (same fused TP buffers as vLLM, no engine behind them).
 
-`scripts/bench_reshard.py` compares methods on that target; this is the `vps` entry for its train_to_rollout row.
+`scripts/bench_reshard.py` compares methods on that target; this is the `vps` entry for its train_to_vllm_like row.
 The world's ranks form rollout TP groups of `target.tp` consecutive ranks, as vLLM's do.
 """
 from __future__ import annotations
@@ -15,11 +15,21 @@ from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.transition.bind_train import DTYPE_NAMES, bind_train_buffers, train_catalog, train_spec
 from rlhf_dyna.transition.executor import execute
 from rlhf_dyna.transition.movers import MoveStats
-from rlhf_dyna.transition.rollout_target import RolloutTarget
+from bench.rollout_target import RolloutTarget
 from rlhf_dyna.transition.trace import TraceRecorder
-from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
+from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, PlannedTransition, planned
 from rlhf_dyna.vps.spec import rollout_spec
 from rlhf_dyna.vps.tensor import Kind
+
+
+def rollout_target_plan(hf_config: object, params: Mapping[str, Tensor], target: RolloutTarget,
+                        budget_bytes: int = DEFAULT_BUDGET_BYTES) -> PlannedTransition:
+    """This rank's cached plan from the dp-sharded params into the target's layout (its pair matrix: the floor)."""
+    state = {(name, Kind.PARAM.value): p for name, p in params.items()}
+    dtype = DTYPE_NAMES[next(iter(target.buffers.values())).dtype]
+    spec = rollout_spec(target.tp, dist.get_world_size() // target.tp)
+    return planned(train_catalog(hf_config, state), train_spec(state), catalog_from_config(hf_config, dtype), spec,
+                   (Kind.PARAM,), budget_bytes, dist.get_rank())
 
 
 def move_to_rollout_target(hf_config: object, params: Mapping[str, Tensor], target: RolloutTarget,
@@ -28,10 +38,7 @@ def move_to_rollout_target(hf_config: object, params: Mapping[str, Tensor], targ
     """Collective: HF name -> sharded param (DTensor) into target.buffers; seconds include planning on first use."""
     start, rank = time.perf_counter(), dist.get_rank()
     state = {(name, Kind.PARAM.value): p for name, p in params.items()}
-    dtype = DTYPE_NAMES[next(iter(target.buffers.values())).dtype]
-    spec = rollout_spec(target.tp, dist.get_world_size() // target.tp)
-    t = planned(train_catalog(hf_config, state), train_spec(state), catalog_from_config(hf_config, dtype), spec,
-                (Kind.PARAM,), budget_bytes, rank)
+    t = rollout_target_plan(hf_config, params, target, budget_bytes)
     want = {n: b.shape for n, b in t.dst.buffers(rank).items()}
     have = {n: tuple(b.shape) for n, b in target.buffers.items()}
     if want != have:

@@ -1,4 +1,5 @@
-"""Measuring transitions: peak extra resident memory of a block, and gloo/NCCL point-to-point bandwidth."""
+"""Measuring transitions: peak extra resident memory of a block, gloo/NCCL point-to-point bandwidth, and the wire
+floor of a plan: its own pair matrix (bytes rank i sends rank j) replayed as one contiguous message per pair."""
 from __future__ import annotations
 
 import os
@@ -6,6 +7,7 @@ import threading
 import time
 from types import TracebackType
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -96,3 +98,35 @@ def copy_bandwidth(nbytes: int, repeats: int = 3) -> float:
         if attempt > 0:
             best = min(best, time.perf_counter() - start)
     return nbytes / best
+
+
+def pattern_seconds(pair_bytes: np.ndarray, repeats: int = 1) -> float:
+    """Collective: seconds (slowest rank, best of `repeats`) to exchange exactly `pair_bytes[i, j]` bytes from every
+    rank i to every rank j, one contiguous message per pair, all posted at once as gloo posts a plan's messages.
+    The same pattern of exchanges as the transition: a transition in which one pair is active gets a single-pair
+    probe, one in which every rank exchanges gets the contended rate. What it leaves out (packing, strided views,
+    per-message overheads) is what the transition adds over its floor."""
+    rank = dist.get_rank()
+    device = probe_device()
+    outgoing = {int(j): int(n) for j, n in enumerate(pair_bytes[rank]) if n and j != rank}
+    incoming = {int(i): int(n) for i, n in enumerate(pair_bytes[:, rank]) if n and i != rank}
+    send = torch.ones(max(outgoing.values(), default=0), dtype=torch.uint8, device=device)  # read by every send
+    recv = torch.empty(sum(incoming.values()), dtype=torch.uint8, device=device)
+    landing, at = {}, 0
+    for peer, n in incoming.items():
+        landing[peer], at = recv[at:at + n], at + n
+    best = float("inf")
+    for attempt in range(repeats + 1):  # the first exchange sets up the connections: not timed
+        dist.barrier()
+        start = time.perf_counter()
+        works = [dist.irecv(landing[peer], peer) for peer in incoming]
+        works += [dist.isend(send[:n], peer) for peer, n in outgoing.items()]
+        for work in works:
+            work.wait()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        if attempt > 0:
+            best = min(best, float(elapsed))
+    return best

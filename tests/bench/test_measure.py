@@ -5,7 +5,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlhf_dyna.transition.measure import PeakExtraMemory, p2p_bandwidth
+import numpy as np
+
+from bench.measure import PeakExtraMemory, p2p_bandwidth, pattern_seconds
 from tests.engines._dist import run_ranks
 
 
@@ -30,3 +32,20 @@ def _bandwidth(rank: int, world: int) -> None:
 @pytest.mark.timeout(120)
 def test_p2p_bandwidth_is_positive_and_agreed_by_all_ranks() -> None:
     run_ranks(_bandwidth, 4)
+
+
+def _pattern(rank: int, world: int) -> None:
+    one_pair = np.zeros((world, world))
+    one_pair[0, 1] = 16 * 2**20  # only rank 0 -> rank 1 is active: the others post nothing
+    everyone = np.full((world, world), 4 * 2**20) - np.diag([4 * 2**20] * world)
+    times = [pattern_seconds(m) for m in (one_pair, everyone, np.zeros((world, world)))]
+    agreed = torch.tensor(times, dtype=torch.float64)
+    dist.broadcast(agreed, src=0)
+    assert times == agreed.tolist()  # the slowest rank's time, on every rank
+    assert 16 * 2**20 / times[0] < 1e11 and 12 * 2**20 / times[1] < 1e11, times  # bytes really crossed
+    assert times[2] < min(times[:2]), times  # nothing to move is faster than something
+
+
+@pytest.mark.timeout(120)
+def test_pattern_probe_replays_a_pair_matrix_on_every_rank() -> None:
+    run_ranks(_pattern, 4)

@@ -3,8 +3,8 @@
 - naive: every tensor gathered whole on every rank (`DTensor.full_tensor`), the target's part kept by name;
 - redistribute: DTensor `redistribute` on one 2-D mesh, where the source layout can be viewed on that mesh;
 - checkpoint: `torch.distributed.checkpoint` save of the sharded state, then load into the new layout
-  (DCP reshards on load); the process-restart variant lives in scripts/bench_reshard.py;
-- floor: the most bytes any one rank must receive (element ownership arithmetic) over the measured bandwidth.
+  (DCP reshards on load); the process-restart variant lives in scripts/bench_reshard.py.
+The floor (bench/measure.py) replays the VPS plan's own pair matrix.
 
 Sources are dp-sharded FSDP2 states (Shard(0) over the whole world); targets are a `RolloutTarget` (vLLM-like
 fused TP weights) or a destination TrainEngine's bound state (DTensors).
@@ -22,17 +22,11 @@ import torch.distributed.checkpoint as dcp
 from torch import Tensor
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.transition.movers import MoveStats, StateKey, local_of, nbytes
-from rlhf_dyna.transition.rollout_target import RolloutTarget
-
-
-def dp_rows(size: int, world: int, rank: int) -> tuple[int, int]:
-    """[lo, hi) of a dim of `size` that rank holds under Shard over `world` (torch.chunk semantics)."""
-    per = -(-size // world)
-    return min(rank * per, size), min((rank + 1) * per, size)
+from bench.rollout_target import RolloutTarget
 
 
 @torch.no_grad()
@@ -101,30 +95,3 @@ def checkpoint_load(engine: TrainEngine, path: Path) -> float:
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(engine.model, engine.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return time.perf_counter() - start
-
-
-def must_receive_rollout(params: Mapping[str, Tensor], target: RolloutTarget) -> int:
-    """Bytes this rank must receive to fill `target` from dp-sharded `params`: what it needs minus what it holds."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    total = 0
-    for name, p in params.items():
-        dim = p.placements[0].dim  # FSDP's shard dim: 0, or 1 for row-parallel weights
-        total += target.must_receive(name, tuple(p.shape), (dim, *dp_rows(p.shape[dim], world, rank))) * p.element_size()
-    return total
-
-
-@torch.no_grad()
-def must_receive_train(source: Mapping[StateKey, Tensor], destination: Mapping[StateKey, Tensor]) -> int:
-    """Same for a train -> train move: the destination's elements, as flat indices of the logical tensor,
-    that this rank's source shard does not hold."""
-    elements: dict[str, int] = {}  # per parameter name: its optimizer states share its layout
-    total = 0
-    for key in sorted(destination):
-        src, dst = source[key], destination[key]
-        if key[0] not in elements:
-            index = torch.arange(src.numel(), dtype=torch.int64).view(src.shape)
-            mine = distribute_tensor(index, dst.device_mesh, dst.placements, src_data_rank=None).to_local()
-            held = distribute_tensor(index, src.device_mesh, src.placements, src_data_rank=None).to_local()
-            elements[key[0]] = mine.numel() - int(torch.isin(mine, held).sum())
-        total += elements[key[0]] * dst.element_size()
-    return total

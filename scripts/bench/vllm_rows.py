@@ -1,0 +1,134 @@
+"""Rows of scripts/bench_reshard.py into a real in-rank vLLM engine (CPU, external_launcher, tp x vllm_dp over the
+world, bf16 weights from the fp32 training state): `naive` (rlhf_dyna.transition.sync.NaiveSync) and `vps` (VpsSync), end to end with vLLM's install, each
+checked by greedy tokens afterwards (vps must give naive's tokens, and both must differ from the engine's dummy
+weights before any sync).
+
+Floor of a run = wire + repack, both measured right before that run in the same engine: the plan's own pair
+matrix replayed (bench.measure.pattern_seconds), and vLLM's own install of this rank's shard from local memory
+(the same staged tensors, captured once, installed again with no wire). vps installs each group after its wire
+(VpsSync's default); `vps_overlap` (one run) installs on a worker thread while the next group is on the wire,
+whose floor would be max(wire, repack). Peak extra memory: resident
+memory above the level at the sync's start.
+"""
+from __future__ import annotations
+
+import time
+from math import prod
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from bench.measure import PeakExtraMemory, pattern_seconds
+from rlhf_dyna.models.catalog import catalog_from_config
+from rlhf_dyna.rollout.vllm_engine import VLLMRollout
+from rlhf_dyna.train.engine import TrainEngine
+from rlhf_dyna.transition.bind_train import train_catalog, train_spec
+from rlhf_dyna.transition.bind_vllm import VllmDestination, rollout_dtype, rollout_spec
+from rlhf_dyna.transition.relayout import bind_train_state
+from rlhf_dyna.transition.sync import NaiveSync, WeightSync
+from rlhf_dyna.transition.vllm_install import LayerwiseInstaller
+from rlhf_dyna.transition.vps_plans import planned
+from rlhf_dyna.transition.vps_sync import VpsSync
+from rlhf_dyna.vps.tensor import Kind
+
+TRANSITION = "train_to_vllm"
+ROLLOUT_DTYPE = torch.bfloat16  # fp32 masters -> bf16 vLLM, as bf16 recipes run it (vps casts while packing)
+PROMPTS = [[(7 * i + 3) % 97 + 1 for i in range(12)], [5, 9, 3, 44], [17, 2, 44, 8, 30], [60, 1, 7, 7]]
+
+
+def _greedy(rollout: VLLMRollout) -> list[list[int]]:
+    prompts = PROMPTS[rollout.dp_rank::rollout.dp_size]  # TP peers pass the same prompts
+    return [s[0].token_ids for s in rollout.generate(prompts, temperature=0.0, max_tokens=8)]
+
+
+def _whole_plan(engine: TrainEngine, rollout: VLLMRollout, budget_bytes: int):
+    """The cached plan of the whole move (VpsSync plans it too): its pair matrix is the wire floor's pattern."""
+    params = {k: t for k, t in bind_train_state(engine).items() if k[1] == Kind.PARAM.value}
+    config = engine.model.config
+    return planned(train_catalog(config, params), train_spec(params), catalog_from_config(config, rollout_dtype(rollout)),
+                   rollout_spec(rollout), (Kind.PARAM,), budget_bytes, dist.get_rank())
+
+
+def _timed(sync: WeightSync, engine: TrainEngine, rollout: VLLMRollout) -> tuple[float, int, int, int]:
+    dist.barrier()
+    with PeakExtraMemory() as memory:
+        stats = sync.sync(engine, rollout)
+    seconds = torch.tensor([stats.seconds], dtype=torch.float64)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank sets the end
+    return float(seconds), stats.bytes_moved, stats.rounds, max(memory.peak_extra_bytes, stats.peak_extra_bytes)
+
+
+def capture_staged(vps: VpsSync, engine: TrainEngine, rollout: VLLMRollout) -> list[dict]:
+    """The staged groups of one (untimed) sync: this rank's shard in vLLM's model format, in local memory."""
+    captured: list[dict] = []
+    vps.on_staged = captured.append
+    vps.sync(engine, rollout)
+    vps.on_staged = None
+    return captured
+
+
+def repack_seconds(captured: list[dict], engine: TrainEngine, rollout: VLLMRollout, budget_bytes: int) -> float:
+    """vLLM's install of this rank's shard from local memory: the captured tensors installed again with no wire,
+    group after group (slowest rank)."""
+    destination = VllmDestination(rollout, _whole_plan(engine, rollout, budget_bytes).dst, dist.get_rank())
+    dist.barrier()
+    start = time.perf_counter()
+    with LayerwiseInstaller(destination.model, rollout.llm.llm_engine.vllm_config, destination.aliases,
+                            overlap=False) as installer:
+        for staged in captured:
+            installer.submit(staged)
+    rollout.reset_prefix_cache()
+    seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    return float(seconds)
+
+
+def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int) -> tuple[list[dict], dict, VLLMRollout]:
+    """naive once, vps_cold once, vps `repeats` times each after its paired wire probe; then the repack probe and the
+    greedy checks. Records in the shape bench_report.summarize reads; floor info: pair matrix bytes and repack.
+    The engine is returned alive: its shutdown destroys the default process group, so the caller gathers first."""
+    if dist.get_rank() == 0:
+        engine.model.config.save_pretrained(model_dir)  # vLLM starts from dummy weights: only the config is needed
+    dist.barrier()
+    rollout = VLLMRollout(model_dir, tp=tp, seed=0, max_model_len=64, kv_cache_bytes=16 << 20, dtype="bfloat16",
+                          load_format="dummy", block_size=32)
+    before = _greedy(rollout)
+    records = []
+    seconds, moved, rounds, peak = _timed(NaiveSync(dtype=ROLLOUT_DTYPE), engine, rollout)
+    reference = _greedy(rollout)
+    records.append(_record("naive", [seconds], [], moved, rounds, peak, reference != before))
+    vps = VpsSync()
+    seconds, moved, rounds, peak = _timed(vps, engine, rollout)
+    records.append(_record("vps_cold", [seconds], [], moved, rounds, peak, _greedy(rollout) == reference))
+    pairs = _whole_plan(engine, rollout, vps.budget_bytes).schedule.plan.pair_bytes()
+    captured = capture_staged(vps, engine, rollout)
+    repack_seconds(captured, engine, rollout, vps.budget_bytes)  # warm-up; the captured values must give naive's tokens
+    correct = _greedy(rollout) == reference
+    runs, floors, repacks, peaks = [], [], [], []
+    for _ in range(repeats):  # each run right after its own floor: repack from local memory, then the wire pattern
+        repacks.append(repack_seconds(captured, engine, rollout, vps.budget_bytes))
+        floors.append(pattern_seconds(pairs))
+        seconds, moved, rounds, peak = _timed(vps, engine, rollout)
+        runs.append(seconds)
+        peaks.append(peak)
+        correct = correct and _greedy(rollout) == reference
+    records.append(_record("vps", runs, floors, moved, rounds, max(peaks), correct, repacks))
+    repack = repack_seconds(captured, engine, rollout, vps.budget_bytes)
+    wire = pattern_seconds(pairs)
+    seconds, moved, rounds, peak = _timed(VpsSync(overlap_install=True), engine, rollout)
+    records.append(_record("vps_overlap", [seconds], [wire], moved, rounds, peak, _greedy(rollout) == reference, [repack]))
+    del captured
+    received = [int(x) for x in pairs.sum(axis=0)]
+    itemsize = torch.empty((), dtype=ROLLOUT_DTYPE).element_size()
+    largest = max(prod(b.shape) * itemsize for b in _whole_plan(engine, rollout, vps.budget_bytes).dst.buffers(dist.get_rank()).values())
+    floor = dict(received_by_rank=received, budget_bytes=vps.budget_bytes,
+                 largest_piece_bytes=largest, tokens_changed=reference != before,
+                 install_overlapped=vps.overlap_install, phases=vps.phases)
+    return records, floor, rollout
+
+
+def _record(method: str, seconds: list[float], floors: list[float], moved: int, rounds: int, peak: int,
+            correct: bool, repacks: list[float] | None = None) -> dict:
+    return dict(method=method, transition=TRANSITION, seconds=seconds, floors=floors, repacks=repacks or [],
+                bytes_received=moved, bytes_total=True, rounds=rounds, peak_extra_bytes=peak, correct=bool(correct))
