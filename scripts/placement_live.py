@@ -39,8 +39,8 @@ def summary(rows: list[dict]) -> dict:
         out["changes"] = changes
         out["mean_change_share"] = sum(r["placement/change_share"] for r in later) / len(later)
         out["worst_single_change_share"] = max(r[f"{c}/seconds"] / r["timing_s/step"] for r in later for c in changes)
-        out["build_s"] = steps[0]["placement/build_seconds"]
-        out["max_wait_s"] = max(r["placement/wait_seconds"] for r in steps)
+        out["build_s"] = steps[0].get("placement/build_seconds", 0.0)  # split builds no lent worlds: its sets are fixed
+        out["max_wait_s"] = max(r.get("placement/wait_seconds", 0.0) for r in steps)
     return out
 
 

@@ -89,6 +89,9 @@ def change_layout(ctx: RankContext, layout, *engines, recorder: TraceRecorder | 
 
 
 def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
+    if cfg.placement.policy == "split":  # [placement] rollout set and train set disjoint (orchestrator/split_run)
+        from .split_run import run_split
+        return run_split(cfg, out_dir, dist_info)
     seed_everything(cfg.trainer.seed)
     ctx = rank_context(cfg)
     tokenizer = build_tokenizer(cfg.model.path)  # the checkpoint's own, or the toy character tokenizer

@@ -7,7 +7,7 @@ from ..elastic.policies import PolicyRequest, TrainLayout, make_placement
 from ..elastic.validate import PlacementError
 from ..validate import ConfigError
 
-LIVE_POLICIES = ("colocate", "lend")  # what the loop executes today; the others are planned by dry_run=true
+LIVE_POLICIES = ("colocate", "lend", "split")  # what the loop executes today; the others are planned by dry_run=true
 
 
 def run_roles(cfg: Config) -> tuple[str, ...]:
@@ -67,6 +67,8 @@ def check_placement_config(cfg: Config) -> Placement:
             f"placement=lend with parallel.train.pp={cfg.parallel.train.pp}: lent roles train on (dp, tp) meshes of "
             "their rank sets; pipeline stages are not moved between sets yet. Use parallel.train.pp=1 with lend, or "
             "placement=colocate for pipeline parallel.")
+    if p.policy == "split" and not cfg.dry_run:
+        check_split_live(cfg, rollout)
     if p.policy != "colocate" and cfg.parallel.schedule and not cfg.dry_run:
         raise ConfigError(
             f"placement={p.policy} with parallel.schedule ({len(cfg.parallel.schedule)} layout switches): the loop "
@@ -83,3 +85,19 @@ def placement_transitions(cfg: Config) -> list:
     sync = weight_sync(placement)
     moves = [Transition(c.name, c.src.spec, c.dst.spec) for c in changes(placement) if c.is_vps]
     return [Transition(sync.name, sync.src, sync.dst), *moves]
+
+
+def check_split_live(cfg: Config, rollout: RankSet) -> None:
+    """What the live split loop (orchestrator/split_run) does not do yet, refused before spawn."""
+    t, p = cfg.trainer, cfg.placement
+    unsupported = [(cfg.rollout.tp != 1, f"rollout.tp={cfg.rollout.tp} (each rollout rank runs one tp=1 engine; use 1)"),
+                   (cfg.algorithm.name != "grpo", f"algorithm={cfg.algorithm.name} (use a critic-free one: grpo)"),
+                   (cfg.parallel.train.pp > 1, f"parallel.train.pp={cfg.parallel.train.pp} (use 1)"),
+                   (bool(t.resume), "trainer.resume (split runs start fresh)"),
+                   (t.save_every > 0 or t.save_last, "checkpoints (set trainer.save_every=0 trainer.save_last=false)"),
+                   (t.export_policy, "policy export (set trainer.export_policy=false)")]
+    wrong = [what for bad, what in unsupported if bad]
+    if wrong:
+        raise ConfigError(
+            f"placement=split runs live with generation on {rollout.describe()} and training on the other ranks, "
+            f"but not with: {'; '.join(wrong)}. Change those settings, or use placement=colocate.")

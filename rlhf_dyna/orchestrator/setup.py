@@ -101,11 +101,11 @@ def _device(mesh) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
 
 
-def build_actor(cfg: Config, source: ModelSpec | str, ctx: RankContext) -> TrainEngine:
+def build_actor(cfg: Config, source: ModelSpec | str, ctx: RankContext, mesh=None) -> TrainEngine:
     """Random init: the full seeded model, then sharded (tiny recipes, bit-identical across layouts). A checkpoint:
     built on meta, sharded, and each rank reads only its shards (models.meta_init)."""
     alg = cfg.algorithm
-    mesh = ParallelDims.from_config(cfg).train_mesh()
+    mesh = mesh if mesh is not None else ParallelDims.from_config(cfg).train_mesh()  # split: the train set's mesh
     if isinstance(source, str):
         policy, materialize = meta_policy(checkpoint_config(source), DTYPES["fp32"]), checkpoint_loader(source, _device(mesh))
     else:

@@ -7,7 +7,11 @@ import sys
 import pytest
 
 CASES = [
-    (["placement=split"], "live runs execute placement=colocate/lend today"),
+    (["placement=split"], "but not with: checkpoints (set trainer.save_every=0 trainer.save_last=false)"),
+    (["placement=split", "parallel.world_size=4", "rollout.tp=2", "trainer.save_last=false", "trainer.export_policy=false"],
+     "rollout.tp=2 (each rollout rank runs one tp=1 engine; use 1)"),
+    (["recipe=ppo_tiny", "placement=split", "parallel.world_size=4", "trainer.save_last=false",
+      "trainer.export_policy=false"], "algorithm=ppo (use a critic-free one: grpo)"),
     (["recipe=ppo_tiny", "placement=lend", "parallel.schedule=[{step: 2, dp: 1, tp: 2}]"],
      "does not change the training layout as well"),
     (["recipe=ppo_tiny", "placement=lend", "parallel.world_size=4", "parallel.train.pp=2"],

@@ -1,0 +1,219 @@
+"""placement=split live, staleness 0: generation on the rollout set, training on the train set, disjoint ranks.
+
+Each rollout rank runs one tp=1 vLLM engine in its own process (rollout.subset_engine.SubsetVLLMRollout: an engine
+on a rank subset cannot join our world, ENVIRONMENT.md); the actor (and reference) live on an FSDP (dp, tp) mesh over
+the train set only. One step: the rollout set generates (global prompt indices seed the sampling, so the samples are
+those of any other placement), every rank receives the samples (one all_gather), the train set prepares and trains,
+and the trained weights cross to the rollout set by a VPS plan (transition.subset_sync.SubsetSync), logged as
+`reshard/actor/train_actor_to_generate/*`. Ranks with nothing to do in a phase wait in the next collective.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from ..algos.kl import kl_penalty
+from ..algos.kl_control import make_kl_controller
+from ..config import Config
+from ..elastic.placement import ACTOR, GENERATE, ROLLOUT, TRAIN_ACTOR, RankSet
+from ..models.build import make_hf_config, save_hf_dir
+from ..rollout.subset_engine import SubsetVLLMRollout
+from ..tasks.hf_tokenizer import build_tokenizer
+from ..tracking.tracker import Tracker
+from ..train.engine import full_state_dict
+from ..train.mesh import build_mesh
+from ..transition.role_move import set_spec
+from ..transition.subset_sync import SubsetSync
+from .advantages import compute_advantages
+from .batch import gather_samples, pack, rank_rows
+from .objectives import actor_loss
+from .phases import generate, reward_part_means, supervised_warmup
+from .placements import placement_of
+from .setup import RankContext, build_actor, build_reference, build_task, model_source, seed_everything
+from .step_metrics import rollout_metrics
+
+SYNC = f"reshard/{ACTOR}/{TRAIN_ACTOR}_to_{GENERATE}"  # the actor's weights, train set -> rollout set, every step
+
+
+class SplitRanks:
+    """Who this rank is under the split placement: its set, and its contexts for generating and training."""
+
+    def __init__(self, cfg: Config) -> None:
+        placement = placement_of(cfg)
+        self.rollout: RankSet = placement.slot(GENERATE, ROLLOUT).ranks  # type: ignore[assignment]
+        self.train: RankSet = placement.slot(TRAIN_ACTOR, ACTOR).ranks  # type: ignore[assignment]
+        self.rank, tp = dist.get_rank(), cfg.parallel.train.tp
+        self.generates, self.trains = self.rank in self.rollout.ranks, self.rank in self.train.ranks
+        # one tp=1 replica per rollout rank; the train context is the train set's (dp, tp), ranks counted from its first
+        self.gen_ctx = RankContext(self.rank - self.rollout.first, self.rollout.size, 1, 1, 1)
+        self.train_ctx = RankContext(self.rank - self.train.first, self.train.size, self.train.size // tp, tp, 1)
+
+    def from_trainer(self, value):
+        """Collective: the train set's first rank's `value` on every rank."""
+        box = [value]
+        dist.broadcast_object_list(box, src=self.train.first)
+        return box[0]
+
+
+def split_generate(cfg, rollout, task, tokenizer, prompts, ranks: SplitRanks, **kw) -> list:
+    """Collective: the rollout set generates its replicas' shares; every rank gets all samples, by prompt index."""
+    local = generate(cfg, rollout, task, tokenizer, prompts, ranks.gen_ctx, **kw) if ranks.generates else []
+    return sorted(gather_samples(local, ranks.generates), key=lambda s: s.prompt_index)
+
+
+def split_evaluate(cfg, rollout, task, tokenizer, ranks: SplitRanks, prefix: str = "eval") -> dict[str, float]:
+    """Greedy accuracy and reward on the held-out set, generated on the rollout set (as phases.evaluate)."""
+    t0 = time.perf_counter()
+    examples = task.eval_set()
+    usable = examples[: len(examples) - len(examples) % ranks.rollout.size]
+    samples = split_generate(cfg, rollout, task, tokenizer, usable, ranks, greedy=True)
+    texts = [tokenizer.decode(s.response_ids) for s in samples]
+    return {f"{prefix}/accuracy": task.eval_accuracy(usable, texts, [s.reward for s in samples]),
+            f"{prefix}/reward": sum(s.reward for s in samples) / len(samples),
+            f"timing_s/{prefix}": time.perf_counter() - t0}
+
+
+def initial_model_dir(cfg, source, actor, tokenizer, out_dir: Path, ranks: SplitRanks) -> Path:
+    """The engines open a model directory: the train set's first rank writes the initial weights (random init)."""
+    if isinstance(source, str):
+        return Path(source)
+    model_dir = out_dir / "model_init" / "split"
+    if ranks.trains:
+        weights = list(full_state_dict(actor))  # collective over the train set
+        if ranks.rank == ranks.train.first:
+            save_hf_dir(weights, make_hf_config(source), model_dir)
+            tokenizer.save(model_dir)
+    dist.barrier()
+    return model_dir
+
+
+def train_step(cfg, step, samples, tokenizer, ranks, actor, ref, kl_ctl) -> dict[str, float]:
+    """On the train set: prepare (log-probs, advantages) and train the actor on its rows of the step."""
+    from .loop import train_on  # the loop imports this module
+
+    alg, t1 = cfg.algorithm, time.perf_counter()
+    batch = rank_rows(pack(samples, tokenizer.pad_id), ranks.train_ctx.dp_rank, ranks.train_ctx.dp, alg.mini_batches)
+    metrics = compute_advantages(cfg, batch, samples, ranks.train_ctx, actor, ref, None, kl_ctl.value)
+    t2 = time.perf_counter()
+    trained = train_on(actor, batch, actor_loss(alg, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
+                                                kl_ctl.value), alg)
+    metrics.update({f"actor/{k}": v for k, v in trained.items() if k != "loss"},
+                   **{"timing_s/prepare": t2 - t1, "timing_s/train_actor": time.perf_counter() - t2})
+    metrics["timing_s/train"] = metrics["timing_s/train_actor"]
+    if "actor/kl" not in metrics and ref is not None:
+        mask = batch["response_mask"]
+        kl = (kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], "k3") * mask).sum()
+        kl_sum, tokens = actor.dp_sum(torch.stack([kl, mask.sum()]))
+        metrics["actor/kl"] = float(kl_sum / tokens.clamp(min=1))
+    if ref is not None:
+        metrics["actor/kl_coef"] = kl_ctl.value
+        kl_ctl.update(metrics["actor/kl"], len(samples))
+    return metrics
+
+
+def sync_metrics(stats, step_seconds: float) -> dict[str, float]:
+    return {f"{SYNC}/seconds": stats.seconds, f"{SYNC}/bytes_moved": float(stats.bytes_moved),
+            f"{SYNC}/rounds": float(stats.rounds), f"{SYNC}/peak_extra_bytes": float(stats.peak_extra_bytes),
+            "timing_s/weight_sync": stats.seconds, "timing_s/placement_change": stats.seconds,
+            "placement/change_share": stats.seconds / step_seconds if step_seconds > 0 else 0.0}
+
+
+def run_split(cfg: Config, out_dir: Path, dist_info) -> None:
+    """The whole run of one rank under placement=split (checked before spawn: no resume, checkpoints or export)."""
+    seed_everything(cfg.trainer.seed)
+    ranks = SplitRanks(cfg)
+    tokenizer = build_tokenizer(cfg.model.path)
+    task, source = build_task(cfg, tokenizer), model_source(cfg.model, tokenizer)
+    mesh = build_mesh(ranks.train_ctx.dp, ranks.train_ctx.tp, first_rank=ranks.train.first)  # collective: all ranks
+    actor = build_actor(cfg, source, ranks.train_ctx, mesh=mesh) if ranks.trains else None
+    model_dir = initial_model_dir(cfg, source, actor, tokenizer, out_dir, ranks)
+    dtype = "bfloat16" if cfg.trainer.precision == "bf16" else "float32"
+    rollout = SubsetVLLMRollout(model_dir, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
+                                kv_cache_bytes=cfg.rollout.kv_cache_bytes, dtype=dtype,
+                                rank=ranks.rank) if ranks.generates else None
+    sync = SubsetSync(make_hf_config(source) if not isinstance(source, str) else actor_config(source),
+                      set_spec(ranks.train.first, ranks.train.size, ranks.train_ctx.tp), ranks.rollout.first,
+                      ranks.rollout.size)
+    tracker = None
+    if ranks.rank == 0:
+        run_config = OmegaConf.to_container(OmegaConf.structured(cfg))
+        tracker = Tracker(out_dir, asdict(cfg.tracking), cfg.tracking.console, cfg.trainer.total_steps, run_config)
+    try:
+        warmup = {}
+        if cfg.trainer.sft_warmup_steps > 0:
+            warmup = split_evaluate(cfg, rollout, task, tokenizer, ranks, prefix="pre_warmup")
+            sft = supervised_warmup(cfg, actor, task, tokenizer, ranks.train_ctx) if ranks.trains else {}
+            warmup.update(ranks.from_trainer(sft))
+        ref = build_reference(cfg, source, actor) if cfg.algorithm.kl_coef > 0 and ranks.trains else None
+        rng, alg = random.Random(cfg.trainer.seed + 1), cfg.algorithm
+        kl_ctl = make_kl_controller(alg.kl_ctrl, alg.kl_coef, alg.kl_target, alg.kl_horizon)
+        sync.sync(actor, rollout)  # the engines generate with the warmed-up weights
+        if tracker:
+            tracker.log(0, {**warmup, **split_evaluate(cfg, rollout, task, tokenizer, ranks)})
+        else:
+            split_evaluate(cfg, rollout, task, tokenizer, ranks)
+        stale = cfg.placement.max_staleness
+        ahead = step_samples(cfg, 1, rng, task, tokenizer, ranks, rollout) if stale else None  # one step ahead
+        for step in range(1, cfg.trainer.total_steps + 1):
+            metrics = split_step(cfg, step, rng, task, tokenizer, ranks, actor, ref, rollout, sync, kl_ctl,
+                                 ahead if stale else None)
+            ahead = metrics.pop("_ahead", None)
+            if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
+                metrics.update(split_evaluate(cfg, rollout, task, tokenizer, ranks))
+            if tracker:
+                tracker.log(step, metrics)
+    finally:
+        if tracker:
+            tracker.close()
+        if rollout is not None:  # local: stops the engine process and removes its shm file
+            rollout.shutdown()
+
+
+def actor_config(path: str):
+    from ..models.meta_init import checkpoint_config
+    return checkpoint_config(path)
+
+
+def step_samples(cfg, step, rng, task, tokenizer, ranks: SplitRanks, rollout) -> tuple[list, float]:
+    """Collective: step `step`'s samples on every rank, and the rollout set's generate seconds."""
+    t0 = time.perf_counter()
+    prompts = task.train_prompts(step, cfg.task.prompts_per_step, rng)  # same on every rank, in step order
+    seed = cfg.trainer.seed * 1_000_003 + step * 10_007
+    local = generate(cfg, rollout, task, tokenizer, prompts, ranks.gen_ctx, seed=seed) if ranks.generates else []
+    seconds = time.perf_counter() - t0
+    return sorted(gather_samples(local, ranks.generates), key=lambda s: s.prompt_index), seconds
+
+
+def split_step(cfg, step, rng, task, tokenizer, ranks: SplitRanks, actor, ref, rollout, sync, kl_ctl,
+               ahead: tuple[list, float] | None = None) -> dict:
+    """Collective. One step; the metrics on every rank (only rank 0 logs them). With `ahead` (max_staleness=1) the
+    step trains on samples generated one weight version ago, while the rollout set generates the next step's; the
+    next samples come back under the key "_ahead"."""
+    t0, last = time.perf_counter(), step == cfg.trainer.total_steps
+    if ahead is None:
+        (samples, gen_seconds), following = step_samples(cfg, step, rng, task, tokenizer, ranks, rollout), None
+    else:
+        samples, gen_seconds = ahead
+    trained = train_step(cfg, step, samples, tokenizer, ranks, actor, ref, kl_ctl) if ranks.trains else {}
+    if ahead is not None:  # the rollout ranks generate step k+1 while the train ranks train step k; both meet here
+        following = None if last else step_samples(cfg, step + 1, rng, task, tokenizer, ranks, rollout)
+    dist.barrier()  # the rollout set waits here while the train set trains, so the sync's time below is its own
+    stats = sync.sync(actor, rollout)  # rank 0's (a rollout rank) time includes installing into its engine
+    trained = ranks.from_trainer(trained)
+    step_seconds = time.perf_counter() - t0
+    rewards = torch.tensor([s.reward for s in samples])
+    return {
+        "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        **reward_part_means(samples),
+        **rollout_metrics(samples, cfg.rollout.max_new_tokens, gen_seconds, trained["timing_s/train_actor"],
+                          cfg.algorithm.epochs),
+        **trained, "timing_s/gen": gen_seconds, "timing_s/step": step_seconds,
+        **sync_metrics(stats, step_seconds), "placement/staleness": 0.0 if ahead is None or step == 1 else 1.0,  # step 1: w0 both
+         "_ahead": following,
+    }
