@@ -31,7 +31,7 @@ from bench_reshard import SIZES, count_params, fingerprint, random_source
 from rlhf_dyna.models.build import make_hf_config
 from rlhf_dyna.train.mesh import build_pp_mesh
 from rlhf_dyna.train.pipeline_engine import PipelineEngine
-from rlhf_dyna.transition import baselines
+from bench import baselines
 from rlhf_dyna.transition.relayout import (MeshCache, TrainLayout, allocate_optimizer_state, bind_train_state,
                                            empty_engine_like, meta_skeleton, relayout)
 from rlhf_dyna.transition.vps_mover import make_vps_mover

@@ -22,7 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch import Tensor
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.transition.movers import MoveStats, StateKey, local_of, nbytes
@@ -95,3 +95,19 @@ def checkpoint_load(engine: TrainEngine, path: Path) -> float:
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(engine.model, engine.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return time.perf_counter() - start
+
+
+def must_receive_train(source: Mapping[StateKey, Tensor], destination: Mapping[StateKey, Tensor]) -> int:
+    """Bytes this rank must receive in a train -> train move, counted with torch's own placements: the
+    destination's elements, as flat indices of the logical tensor, that this rank's source shard does not hold."""
+    elements: dict[str, int] = {}  # per parameter name: its optimizer states share its layout
+    total = 0
+    for key in sorted(destination):
+        src, dst = source[key], destination[key]
+        if key[0] not in elements:
+            index = torch.arange(src.numel(), dtype=torch.int64).view(src.shape)
+            mine = distribute_tensor(index, dst.device_mesh, dst.placements, src_data_rank=None).to_local()
+            held = distribute_tensor(index, src.device_mesh, src.placements, src_data_rank=None).to_local()
+            elements[key[0]] = mine.numel() - int(torch.isin(mine, held).sum())
+        total += elements[key[0]] * dst.element_size()
+    return total

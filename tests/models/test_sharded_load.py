@@ -28,6 +28,7 @@ def _batch(vocab: int) -> dict[str, torch.Tensor]:
 def _cfg(dp: int, tp: int, zero: int) -> Config:
     cfg = Config()
     cfg.parallel.train.dp, cfg.parallel.train.tp, cfg.parallel.train.zero = dp, tp, zero
+    cfg.parallel.world_size = dp * tp  # the actor's mesh is built from the config (ParallelDims)
     cfg.algorithm.lr = 1e-2
     return cfg
 

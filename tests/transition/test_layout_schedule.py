@@ -15,7 +15,7 @@ def test_switch_at_names_the_layout_only_at_its_step() -> None:
 
 
 @pytest.mark.parametrize(("schedule", "message"), [
-    ([LayoutSwitch(step=3, dp=2, tp=1)], "dp=2 x tp=1 != world size 4"),
+    ([LayoutSwitch(step=3, dp=2, tp=1)], "dp=2 x tp=1 x pp=1 != world size 4"),
     ([LayoutSwitch(step=3, dp=4, tp=1, zero=0)], "zero=0"),
     ([LayoutSwitch(step=5, dp=4, tp=1), LayoutSwitch(step=2, dp=2, tp=2)], "strictly increasing"),
 ])
