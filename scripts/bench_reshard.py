@@ -315,22 +315,25 @@ def restart_worker(size: str, ckpt: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def time_restart(size: str, ckpt: str, work: Path) -> tuple[float, list[list[float]]]:
-    """Seconds from launching fresh ranks to the checkpoint loaded in all of them, and their fingerprints."""
-    port, out = _free_port(), work / f"restart_{size}"
+def time_restart(size: str, ckpt: str, work: Path, script: str = __file__, tag: str = "restart") -> tuple[float, list[list[float]]]:
+    """Seconds from launching fresh ranks of `script --restart-worker` to the checkpoint loaded in all of them,
+    and their fingerprints."""
+    port, out = free_port(), work / f"{tag}_{size}"
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(WORLD), "OMP_NUM_THREADS": "1"}
     start = time.time()
-    procs = [subprocess.Popen([sys.executable, __file__, "--restart-worker", "--sizes", size, "--ckpt", ckpt, "--out", str(out)],
+    procs = [subprocess.Popen([sys.executable, script, "--restart-worker", "--sizes", size, "--ckpt", ckpt, "--out", str(out)],
                               env={**env, "RANK": str(r)}) for r in range(WORLD)]
     if any(p.wait() != 0 for p in procs):
         raise RuntimeError("a restart worker failed")
     reports = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(WORLD)]
+    for r in range(WORLD):
+        Path(f"{out}.{r}").unlink()
     return max(r["done"] for r in reports) - start, [r["fingerprint"] for r in reports]
 
 
@@ -410,7 +413,7 @@ def main() -> None:
             continue
         per_rank: list[dict] = []
         for transition in transitions:  # fresh ranks per transition: memory a phase leaves behind cannot add up
-            result, port = out / f"ranks_{size}_{transition}.json", _free_port()
+            result, port = out / f"ranks_{size}_{transition}.json", free_port()
             try:
                 mp.start_processes(rank_main, args=(WORLD, port, size, [transition], bw_bytes, ckpt, str(result)),
                                    nprocs=WORLD, join=True, start_method="forkserver")

@@ -16,9 +16,7 @@ import json
 import multiprocessing
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bench_reshard import SIZES, count_params, fingerprint, random_source
+import bench_reshard
+from bench_reshard import SIZES, count_params, fingerprint, free_port, random_source
 from rlhf_dyna.models.build import make_hf_config
 from rlhf_dyna.train.mesh import build_pp_mesh
 from rlhf_dyna.train.pipeline_engine import PipelineEngine
@@ -103,30 +102,14 @@ def restart_worker(size: str, ckpt: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def time_restart(size: str, ckpt: str, work: Path) -> tuple[float, list[list[float]]]:
-    port, out = _free_port(), work / f"restart_pp_{size}"
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(WORLD), "OMP_NUM_THREADS": "1"}
-    start = time.time()
-    procs = [subprocess.Popen([sys.executable, __file__, "--restart-worker", "--sizes", size, "--ckpt", ckpt, "--out", str(out)],
-                              env={**env, "RANK": str(r)}) for r in range(WORLD)]
-    if any(p.wait() != 0 for p in procs):
-        raise RuntimeError("a restart worker failed")
-    reports = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(WORLD)]
-    for r in range(WORLD):
-        Path(f"{out}.{r}").unlink()
-    return max(r["done"] for r in reports) - start, [r["fingerprint"] for r in reports]
+    return bench_reshard.time_restart(size, ckpt, work, script=__file__, tag="restart_pp")
 
 
 def measure(size: str, out: Path) -> dict:
     ckpt = out / f"ckpt_pp_{size}"
     result = out / f"ranks_pp_{size}.json"
-    mp.start_processes(rank_main, args=(WORLD, _free_port(), size, str(ckpt), str(result)), nprocs=WORLD, join=True,
+    mp.start_processes(rank_main, args=(WORLD, free_port(), size, str(ckpt), str(result)), nprocs=WORLD, join=True,
                        start_method="forkserver")
     ranks = json.loads(result.read_text())
     result.unlink()

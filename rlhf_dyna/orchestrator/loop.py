@@ -45,6 +45,19 @@ def mean_over_world(values: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, (t / dist.get_world_size()).tolist()))
 
 
+def kl_metrics_and_update(metrics: dict, batch: dict, actor, kl_ctl, num_samples: int) -> dict[str, float]:
+    """actor/kl (k3, token mean over dp, unless the loss logged it) and actor/kl_coef; steps the KL controller."""
+    out = {}
+    if "actor/kl" not in metrics:
+        mask = batch["response_mask"]
+        kl = (kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], "k3") * mask).sum()
+        kl_sum, tokens = actor.dp_sum(torch.stack([kl, mask.sum()]))
+        out["actor/kl"] = float(kl_sum / tokens.clamp(min=1))
+    out["actor/kl_coef"] = kl_ctl.value
+    kl_ctl.update({**metrics, **out}["actor/kl"], num_samples)  # the same on every rank: actor/kl is a dp-wide mean
+    return out
+
+
 def train_on(engine, batch: dict, loss_fn, alg) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for _ in range(alg.epochs):
@@ -223,13 +236,7 @@ def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, s
         **placement_metrics,
     }
     metrics.update(actor.pipeline_metrics() if hasattr(actor, "pipeline_metrics") else {})  # pp/bubble_fraction
-    if "actor/kl" not in metrics and ref is not None:
-        mask = batch["response_mask"]
-        kl = (kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], "k3") * mask).sum()
-        kl_sum, tokens = actor.dp_sum(torch.stack([kl, mask.sum()]))
-        metrics["actor/kl"] = float(kl_sum / tokens.clamp(min=1))
     if ref is not None:
-        metrics["actor/kl_coef"] = kl_ctl.value
-        kl_ctl.update(metrics["actor/kl"], len(samples))  # the same on every rank: actor/kl is a dp-wide mean
+        metrics.update(kl_metrics_and_update(metrics, batch, actor, kl_ctl, len(samples)))
     timings = mean_over_world(timings)  # rank-averaged phase times
     return {**metrics, **timings}

@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from ..algos.kl import kl_penalty
 from ..algos.kl_control import make_kl_controller
 from ..config import Config
 from ..elastic.placement import ACTOR, GENERATE, ROLLOUT, TRAIN_ACTOR, RankSet
@@ -95,7 +94,7 @@ def initial_model_dir(cfg, source, actor, tokenizer, out_dir: Path, ranks: Split
 
 def train_step(cfg, step, samples, tokenizer, ranks, actor, ref, kl_ctl) -> dict[str, float]:
     """On the train set: prepare (log-probs, advantages) and train the actor on its rows of the step."""
-    from .loop import train_on  # the loop imports this module
+    from .loop import kl_metrics_and_update, train_on  # the loop imports this module
 
     alg, t1 = cfg.algorithm, time.perf_counter()
     batch = rank_rows(pack(samples, tokenizer.pad_id), ranks.train_ctx.dp_rank, ranks.train_ctx.dp, alg.mini_batches)
@@ -106,14 +105,8 @@ def train_step(cfg, step, samples, tokenizer, ranks, actor, ref, kl_ctl) -> dict
     metrics.update({f"actor/{k}": v for k, v in trained.items() if k != "loss"},
                    **{"timing_s/prepare": t2 - t1, "timing_s/train_actor": time.perf_counter() - t2})
     metrics["timing_s/train"] = metrics["timing_s/train_actor"]
-    if "actor/kl" not in metrics and ref is not None:
-        mask = batch["response_mask"]
-        kl = (kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], "k3") * mask).sum()
-        kl_sum, tokens = actor.dp_sum(torch.stack([kl, mask.sum()]))
-        metrics["actor/kl"] = float(kl_sum / tokens.clamp(min=1))
     if ref is not None:
-        metrics["actor/kl_coef"] = kl_ctl.value
-        kl_ctl.update(metrics["actor/kl"], len(samples))
+        metrics.update(kl_metrics_and_update(metrics, batch, actor, kl_ctl, len(samples)))
     return metrics
 
 
