@@ -46,13 +46,14 @@ class LayoutConfig:
 
 @dataclass
 class LayoutSwitchConfig:
-    """From `step` on (before it trains), the actor (and critic, reference) train in (dp, tp, zero)."""
+    """From `step` on (before it trains), the actor (and critic, reference) train in (dp, tp, zero, pp, ep)."""
 
     step: int = 1
     dp: int = -1  # -1: world_size // (tp * pp)
     tp: int = 1
     zero: int = 3
     pp: int = 1  # pipeline stages of this layout (train.pipeline_engine)
+    ep: int = 1  # expert parallel (MoE) over the dp ranks of this layout (train.expert_parallel)
 
 
 @dataclass

@@ -41,10 +41,30 @@ class ParallelDims:
         return rollout_spec(self.rollout_tp, self.rollout_replicas, first_rank)
 
     def train_mesh(self):
-        """The training DeviceMesh: ("pp", "dp", "tp") with pipeline stages, else ("dp", "tp"). Collective."""
-        from .train.mesh import build_mesh, build_pp_mesh  # deferred: the dry run maps configs without torch.distributed
+        """The training DeviceMesh: ("pp", "dp", "tp") with pipeline stages, ("edp", "ep", "tp") plus the flattened
+        "dp" with expert parallel, else ("dp", "tp"). Collective."""
+        from .train.mesh import build_ep_mesh, build_mesh, build_pp_mesh  # deferred: the dry run needs no torch.distributed
 
-        return build_pp_mesh(self.pp, self.dp, self.tp) if self.pp > 1 else build_mesh(self.dp, self.tp)
+        if self.pp > 1:
+            return build_pp_mesh(self.pp, self.dp, self.tp)
+        if self.ep > 1:
+            return build_ep_mesh(self.dp, self.ep, self.tp)
+        return build_mesh(self.dp, self.tp)
+
+    def expert_parallel_problems(self, num_experts: int) -> list[str]:
+        """Why this layout cannot train live with expert parallel (ep > 1), each with what would be valid; [] = it can.
+        Live EP regroups the dp ranks as (edp, ep) (train.mesh.build_ep_mesh), each rank owning E / ep whole experts;
+        tp, pp and cp with MoE are refused by validate_moe / validate.check_runs_live."""
+        if self.ep == 1:
+            return []
+        out = []
+        if self.dp % self.ep:
+            out.append(f"parallel.train.ep={self.ep} does not divide dp={self.dp} (expert parallel regroups the dp ranks "
+                       f"as edp x ep); valid ep: {[e for e in range(1, self.dp + 1) if self.dp % e == 0]}")
+        if num_experts % self.ep:
+            out.append(f"parallel.train.ep={self.ep} does not divide model.num_experts={num_experts} (each rank owns "
+                       f"num_experts / ep whole experts); valid ep: {[e for e in range(1, num_experts + 1) if num_experts % e == 0]}")
+        return out
 
     def train_to_rollout(self) -> tuple[ParallelSpec, ParallelSpec]:
         """The per-step weight sync: the training layout -> vLLM's layout."""

@@ -107,6 +107,23 @@ def check_layout_schedule(cfg: Config) -> None:
             )
         if cfg.parallel.train.cp != 1:
             raise ConfigError(f"{where}: layout changes are supported for dp x tp and pp x dp training layouts (cp=1).")
+        if switch.ep != 1:
+            check_switch_ep(cfg, where, dp, switch)
+
+
+def check_switch_ep(cfg: Config, where: str, dp: int, switch) -> None:
+    """An expert-parallel layout in the schedule: MoE, over dp ranks only (parallel_dims says what else it needs)."""
+    from .parallel_dims import ParallelDims  # deferred: parallel_dims imports this module
+
+    if cfg.model.num_experts == 0:
+        raise ConfigError(f"{where}: ep={switch.ep} on a dense model (model.num_experts=0); use ep=1.")
+    if switch.tp > 1 or switch.pp > 1:
+        raise ConfigError(f"{where}: ep={switch.ep} with tp={switch.tp}, pp={switch.pp}: expert parallel runs live over "
+                          f"dp ranks only; use tp=1, pp=1.")
+    dims = ParallelDims(cfg.parallel.world_size, dp=dp, tp=1, ep=switch.ep)
+    problems = [p.replace("parallel.train.ep", f"{where} ep") for p in dims.expert_parallel_problems(cfg.model.num_experts)]
+    if problems:
+        raise ConfigError("; ".join(problems) + ".")
 
 
 def check_layouts(cfg: Config) -> None:

@@ -1,4 +1,5 @@
-"""Pre-spawn checks of MoE runs: what runs live (ep=1, FSDP2 over dp, vLLM rollout as one TP group) and what not."""
+"""Pre-spawn checks of MoE runs: what runs live (FSDP2 over dp, expert parallel over dp ranks, vLLM rollout as one TP
+group) and what not (expert TP, MoE with tp or pp)."""
 from __future__ import annotations
 
 from .config import Config
@@ -20,9 +21,14 @@ def moe_live_problems(cfg: Config, on_cpu: bool) -> list[str]:
         return []
     m, t, r, world = cfg.model, cfg.parallel.train, cfg.rollout, cfg.parallel.world_size
     out = []
-    if t.ep > 1:
-        out.append(f"parallel.train.ep={t.ep}: expert parallel training (all-to-all dispatch) does not run live yet; "
-                   f"use parallel.train.ep=1 (every expert on every dp shard, FSDP2 over dp) or dry_run=true")
+    if t.ep > 1:  # deferred: parallel_dims imports validate, which imports this module
+        from .parallel_dims import ParallelDims
+
+        out += ParallelDims.from_config(cfg).expert_parallel_problems(m.num_experts)
+        if cfg.placement.policy != "colocate":
+            out.append(f"parallel.train.ep={t.ep} with placement={cfg.placement.policy}: expert-parallel engines run "
+                       f"live in colocated runs only (role moves between rank sets do not build EP meshes); use "
+                       f"placement=colocate or parallel.train.ep=1")
     if t.pp > 1:
         out.append(f"parallel.train.pp={t.pp} with model.arch={m.arch}: pipeline stages of MoE layers are untested "
                    f"live; use parallel.train.pp=1 for MoE models")

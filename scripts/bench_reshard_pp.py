@@ -1,10 +1,13 @@
-"""Resharding benchmark, pipeline row: dp4 (FSDP2, ZeRO-3) -> pp2 x dp2 (pipeline stages, FSDP2 inside each) with
-full AdamW state, on 4 gloo ranks: VPS in place (what `relayout` does online) against a DCP checkpoint with a restart
-(save, then fresh processes: init, build the pipeline engine, load), and the bytes VPS moved against an independent
-count (torch's own DTensor placements: `baselines.must_receive_train`).
+"""Resharding benchmark, pipeline and expert-parallel rows, with full AdamW state, on 4 gloo ranks:
+  dp4_to_pp2dp2   dense Llama sizes: dp4 (FSDP2, ZeRO-3) -> pp2 x dp2 (pipeline stages, FSDP2 inside each);
+  dp4_to_ep2dp2   Qwen3-MoE sizes (*_moe): dp4 (FSDP2, every expert on every rank) -> ep2 x dp2 (experts over 2 ranks,
+                  FSDP2 over the other 2, everything else FSDP2 over all 4: train.expert_parallel).
+VPS in place (what `relayout` does online) against a DCP checkpoint with a restart (save, then fresh processes: init,
+build the destination engine, load), and the bytes VPS moved against an independent count (torch's own DTensor
+placements: `baselines.must_receive_train`).
 
-    python scripts/bench_reshard_pp.py --sizes tiny,60m --out bench_out      # writes bench_out/bench_reshard_pp.json
-    python scripts/bench_reshard_pp.py --quick --out /tmp/bench_pp           # tiny only
+    python scripts/bench_reshard_pp.py --sizes tiny,60m,tiny_moe,60m_moe --out bench_out   # bench_out/bench_reshard_pp.json
+    python scripts/bench_reshard_pp.py --quick --out /tmp/bench_pp           # tiny and tiny_moe only
 
 A separate script (not a row inside bench_reshard.py) while that one is being restructured; it reuses its model
 sizes, random sources and fingerprints.
@@ -19,6 +22,7 @@ import shutil
 import statistics
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -26,19 +30,64 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import bench_reshard
-from bench_reshard import SIZES, count_params, fingerprint, free_port, random_source
-from rlhf_dyna.models.build import make_hf_config
-from rlhf_dyna.train.mesh import build_pp_mesh
-from rlhf_dyna.train.pipeline_engine import PipelineEngine
+from bench_reshard import SIZES, fingerprint, free_port, random_source
+from rlhf_dyna.models.build import ModelSpec, make_hf_config
+from rlhf_dyna.train.engine import TrainEngine
+from rlhf_dyna.train.pipeline_engine import make_engine
 from bench import baselines
+from rlhf_dyna.transition.movers import local_of
 from rlhf_dyna.transition.relayout import (MeshCache, TrainLayout, allocate_optimizer_state, bind_train_state,
                                            empty_engine_like, meta_skeleton, relayout)
 from rlhf_dyna.transition.vps_mover import make_vps_mover
+from transformers import AutoModelForCausalLM
 
 WORLD = 4
-LAYOUT = TrainLayout(dp=2, tp=1, pp=2)
-TRANSITION = "dp4_to_pp2dp2"
+PP_LAYOUT, EP_LAYOUT = TrainLayout(dp=2, tp=1, pp=2), TrainLayout(dp=4, tp=1, ep=2)
 REPEATS = 3  # warm runs (cached plan) after the cold one
+
+
+def _moe(hidden: int, layers: int, experts: int, moe_inter: int, heads: int, kv: int, vocab: int = 32000) -> ModelSpec:
+    return ModelSpec(arch="qwen3_moe", vocab_size=vocab, hidden_size=hidden, intermediate_size=moe_inter,
+                     num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                     max_position_embeddings=2048, num_experts=experts, num_experts_per_tok=2,
+                     moe_intermediate_size=moe_inter)
+
+
+MOE_SIZES: dict[str, ModelSpec] = {  # every layer sparse, 8 experts (4 per EP rank)
+    "tiny_moe": _moe(128, 2, 8, 128, 4, 2, vocab=1024),  # 1.1M
+    "60m_moe": _moe(512, 6, 8, 384, 8, 4),  # 66M
+}
+ALL_SIZES = {**SIZES, **MOE_SIZES}
+
+
+def row_of(size: str) -> tuple[str, TrainLayout]:
+    """The transition a size is measured on: MoE sizes switch to expert parallel, dense ones to pipeline stages."""
+    return ("dp4_to_ep2dp2", EP_LAYOUT) if size in MOE_SIZES else ("dp4_to_pp2dp2", PP_LAYOUT)
+
+
+def skeleton(size: str):
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(make_hf_config(ALL_SIZES[size]))
+
+
+def count_params(size: str) -> int:
+    return sum(p.numel() for p in skeleton(size).parameters())
+
+
+def make_source(size: str, meshes: MeshCache) -> TrainEngine:
+    """dp=world FSDP2 engine with random weights and AdamW state (same values every time), shard by shard."""
+    if size in SIZES:
+        return random_source(SIZES[size], meshes, adamw_state=True)
+    engine = TrainEngine(skeleton(size), meshes.get(dist.get_world_size(), 1), lr=1e-4)
+    engine.model.to_empty(device=engine.device)
+    allocate_optimizer_state(engine, torch.tensor(10.0))
+    with torch.no_grad():
+        for (name, kind), tensor in sorted(bind_train_state(engine).items()):
+            seed = zlib.crc32(f"{name}/{kind}/{dist.get_rank()}".encode())
+            local_of(tensor).normal_(generator=torch.Generator().manual_seed(seed))
+            if kind == "exp_avg_sq":
+                local_of(tensor).abs_()
+    return engine
 
 
 def _total(value: float) -> float:
@@ -52,10 +101,10 @@ def rank_main(rank: int, world: int, port: int, size: str, ckpt: str, out: str) 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     meshes = MeshCache()
-    make_source = lambda: random_source(SIZES[size], meshes, adamw_state=True)  # same values every time
-    source_engine = make_source()
+    _, layout = row_of(size)
+    source_engine = make_source(size, meshes)
     source = bind_train_state(source_engine)
-    probe = empty_engine_like(source_engine, LAYOUT, meshes.get(LAYOUT.dp, LAYOUT.tp, pp=LAYOUT.pp),
+    probe = empty_engine_like(source_engine, layout, meshes.get(layout.dp, layout.tp, pp=layout.pp, ep=layout.ep),
                               meta_skeleton(source_engine.model))
     probe.model.to_empty(device=probe.device)
     allocate_optimizer_state(probe, torch.tensor(0.0))
@@ -65,10 +114,10 @@ def rank_main(rank: int, world: int, port: int, size: str, ckpt: str, out: str) 
     del source_engine, source
     seconds, moved, prints = [], [], None
     for _ in range(1 + REPEATS):  # a fresh source each run: relayout consumes it
-        engine = make_source()
+        engine = make_source(size, meshes)
         dist.barrier()
         start = time.perf_counter()
-        new, stats = relayout(engine, LAYOUT, mover=make_vps_mover(engine.model.config, in_place=True), meshes=meshes)
+        new, stats = relayout(engine, layout, mover=make_vps_mover(engine.model.config, in_place=True), meshes=meshes)
         dist.barrier()
         seconds.append(time.perf_counter() - start)
         moved.append(_total(stats.bytes_received))
@@ -84,15 +133,13 @@ def rank_main(rank: int, world: int, port: int, size: str, ckpt: str, out: str) 
 
 
 def restart_worker(size: str, ckpt: str, out: str) -> None:
-    """A fresh process of the restarted job: init, build the pipeline engine, load the dp4 checkpoint into it."""
+    """A fresh process of the restarted job: init, build the destination engine, load the dp4 checkpoint into it."""
     rank = int(os.environ["RANK"])
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    with torch.device("meta"):
-        from transformers import LlamaForCausalLM
-
-        skeleton = LlamaForCausalLM(make_hf_config(SIZES[size]))
-    engine = PipelineEngine(skeleton, build_pp_mesh(LAYOUT.pp, LAYOUT.dp, LAYOUT.tp), lr=1e-4)
+    _, layout = row_of(size)
+    mesh = MeshCache().get(layout.dp, layout.tp, pp=layout.pp, ep=layout.ep)
+    engine = make_engine(skeleton(size), mesh, lr=1e-4)
     engine.model.to_empty(device=engine.device)
     allocate_optimizer_state(engine, torch.tensor(0.0))
     baselines.checkpoint_load(engine, Path(ckpt))
@@ -117,12 +164,13 @@ def measure(size: str, out: Path) -> dict:
     shutil.rmtree(ckpt, ignore_errors=True)
     warm = statistics.median(ranks[0]["vps_seconds"][1:])
     dcp = max(r["save_seconds"] for r in ranks) + restart_seconds
-    row = dict(size=size, params=count_params(SIZES[size]), transition=TRANSITION, state="params + AdamW exp_avg, exp_avg_sq",
+    transition, _ = row_of(size)
+    row = dict(size=size, params=count_params(size), transition=transition, state="params + AdamW exp_avg, exp_avg_sq",
                vps_cold_seconds=ranks[0]["vps_seconds"][0], vps_seconds=warm, vps_bytes_moved=ranks[0]["vps_bytes"][-1],
                independent_bytes=ranks[0]["must_receive"], dcp_save_seconds=max(r["save_seconds"] for r in ranks),
                dcp_restart_seconds=restart_seconds, dcp_with_restart_seconds=dcp, speedup=dcp / warm,
                correct=all(r["fingerprint"] == p for r, p in zip(ranks, restart_prints)))
-    print(f"[{size}] {TRANSITION}: vps {warm:.3f} s (cold {row['vps_cold_seconds']:.3f} s), {row['vps_bytes_moved'] / 2**20:.1f} "
+    print(f"[{size}] {transition}: vps {warm:.3f} s (cold {row['vps_cold_seconds']:.3f} s), {row['vps_bytes_moved'] / 2**20:.1f} "
           f"MiB moved (independent count {row['independent_bytes'] / 2**20:.1f} MiB); DCP with restart {dcp:.2f} s "
           f"(save {row['dcp_save_seconds']:.2f} s): {row['speedup']:.1f}x; same values: {row['correct']}", flush=True)
     return row
@@ -130,8 +178,8 @@ def measure(size: str, out: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="tiny,60m", help=f"comma-separated, from {sorted(SIZES)}")
-    parser.add_argument("--quick", action="store_true", help="tiny model only")
+    parser.add_argument("--sizes", default="tiny,60m,tiny_moe,60m_moe", help=f"comma-separated, from {sorted(ALL_SIZES)}")
+    parser.add_argument("--quick", action="store_true", help="tiny models only (tiny, tiny_moe)")
     parser.add_argument("--out", default="bench_out")
     parser.add_argument("--ckpt", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--restart-worker", action="store_true", help=argparse.SUPPRESS)
@@ -140,8 +188,8 @@ def main() -> None:
         return restart_worker(args.sizes, args.ckpt, args.out)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "transformers", "rlhf_dyna.transition.baselines"])
-    rows = [measure(size, out) for size in (["tiny"] if args.quick else args.sizes.split(","))]
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "transformers", "bench.baselines"])
+    rows = [measure(size, out) for size in (["tiny", "tiny_moe"] if args.quick else args.sizes.split(","))]
     machine = dict(date=time.strftime("%Y-%m-%d"), cpus=os.cpu_count(), world=WORLD, backend="gloo")
     (out / "bench_reshard_pp.json").write_text(json.dumps(dict(machine=machine, rows=rows), indent=1))
 

@@ -69,7 +69,7 @@ def train_on(engine, batch: dict, loss_fn, alg) -> dict[str, float]:
 def layout_schedule(cfg: Config) -> list[LayoutSwitch]:
     world = cfg.parallel.world_size
     return [LayoutSwitch(s.step, world // (s.tp * s.pp) if s.dp == -1 else s.dp, s.tp, s.zero, s.pp,
-                         cfg.parallel.train.pp_schedule) for s in cfg.parallel.schedule]
+                         cfg.parallel.train.pp_schedule, s.ep) for s in cfg.parallel.schedule]
 
 
 def change_layout(ctx: RankContext, layout, *engines, recorder: TraceRecorder | None = None):

@@ -57,3 +57,26 @@ def build_pp_mesh(pp: int, dp: int, tp: int = 1) -> DeviceMesh:
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
     return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+
+
+EP_MESH_DIMS = ("edp", "ep", "tp")
+
+
+def build_ep_mesh(dp: int, ep: int, tp: int = 1) -> DeviceMesh:
+    """Mesh with dims ("edp", "ep", "tp") over the whole world (the VPS expert rank order: the dp ranks regrouped as
+    (edp, ep), ep inner, so an EP group is `ep` consecutive ranks), plus "dp" = (edp, ep) flattened: non-expert
+    parameters are FSDP-sharded over all dp ranks, the experts' ep-local shards over edp."""
+    world = dist.get_world_size()
+    if dp * tp != world or ep < 1 or dp % ep:
+        raise ValueError(f"dp={dp} x tp={tp} with ep={ep} on a world of {world} ranks; valid: dp * tp == {world} and "
+                         f"ep dividing dp (ep in {[e for e in range(1, dp + 1) if dp % e == 0]})")
+    device_type = "cuda" if "nccl" in dist.get_backend() else "cpu"
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
+    mesh = init_device_mesh(device_type, (dp // ep, ep, tp), mesh_dim_names=EP_MESH_DIMS)
+    mesh["edp", "ep"]._flatten("dp")  # registered on the root: mesh["dp"] is then the 1-D data-parallel mesh
+    return mesh
+
+
+def is_ep_mesh(mesh: DeviceMesh) -> bool:
+    return tuple(mesh.mesh_dim_names or ()) == EP_MESH_DIMS

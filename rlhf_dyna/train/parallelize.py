@@ -1,4 +1,4 @@
-"""Apply a (dp, tp) training layout to an HF decoder (policy or value model) with torch's own parallel APIs."""
+"""Apply a (dp, tp) or (dp, ep) training layout to an HF decoder (policy or value model) with torch's own parallel APIs."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -10,6 +10,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
+from rlhf_dyna.train.expert_parallel import apply_expert_parallel, moe_experts
 from rlhf_dyna.vps.train_layout import row_sharded_on_cols
 
 # Megatron-style pairs per decoder layer: column-parallel in, row-parallel out, one all-reduce each.
@@ -72,7 +73,8 @@ def fsdp_shard_dim(layer: nn.Module, dp: int) -> Callable[[nn.Parameter], Shard 
     return lambda param: Shard(1) if id(param) in on_cols else None
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int = 3) -> None:
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int = 3,
+               expert_mesh: DeviceMesh | None = None) -> None:
     """FSDP2 per decoder layer plus the root; bf16 computes in bf16 on fp32 master params, reduces grads in fp32.
 
     ZeRO stages on FSDP2 (its sharded parameter is the fp32 master shard that AdamW updates):
@@ -81,7 +83,11 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int 
               (sharded); optimizer state and master shards sharded; the engine re-gathers the replicas after each step.
       zero=1: mapped to the same FSDP2 configuration as zero=2. FSDP2 always reduce-scatters grads, so ZeRO-1's
               full-gradient residency cannot be expressed; grads never cross a step or a transition, so the state
-              that persists (replicated params, sharded master + AdamW state) is exactly ZeRO-1's."""
+              that persists (replicated params, sharded master + AdamW state) is exactly ZeRO-1's.
+
+    With expert_mesh ("edp" of an EP mesh), each MoE layer's experts (DTensors on "ep") are their own FSDP unit over
+    it; their grads, summed over the EP group by the all-to-all's backward and over edp by the reduce-scatter, are
+    divided by the whole dp size, as every other grad is (torchtitan's scheme)."""
     if zero not in ZERO_STAGES:
         raise ValueError(f"zero={zero}; valid: {ZERO_STAGES}")
     if precision == "bf16":
@@ -92,6 +98,11 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int 
         raise ValueError(f"precision={precision!r}; valid: 'fp32', 'bf16'")
     keep_replicas = zero < 3
     for layer in decoder_layers(model):
+        experts = moe_experts(layer) if expert_mesh is not None else None
+        if experts is not None:
+            fully_shard(experts, mesh=expert_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas)
+            experts.set_gradient_divide_factor(float(dp_mesh.size()))
+            experts.set_force_sum_reduction_for_comms(True)  # sum, then divide: gloo has no PREMUL_SUM
         fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas,
                     shard_placement_fn=fsdp_shard_dim(layer, dp_mesh.size()))
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas)
@@ -100,8 +111,13 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int 
 
 
 def parallelize(model: nn.Module, mesh: DeviceMesh, precision: str, zero: int = 3) -> nn.Module:
-    """TP over mesh["tp"] (if > 1), then FSDP2 over mesh["dp"] at ZeRO stage `zero`; parameters keep their HF names."""
+    """EP over mesh["ep"] (an ("edp", "ep", "tp") mesh, train.mesh.build_ep_mesh), TP over mesh["tp"] (if > 1), then
+    FSDP2 over mesh["dp"] (experts over mesh["edp"]) at ZeRO stage `zero`; parameters keep their HF names."""
+    expert_mesh = None
+    if "ep" in (mesh.mesh_dim_names or ()):
+        apply_expert_parallel(decoder_layers(model), mesh["ep"])
+        expert_mesh = mesh["edp"]
     if mesh["tp"].size() > 1:
         apply_tensor_parallel(model, mesh["tp"])
-    apply_fsdp(model, mesh["dp"], precision, zero)
+    apply_fsdp(model, mesh["dp"], precision, zero, expert_mesh)
     return model

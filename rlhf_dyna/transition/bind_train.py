@@ -42,6 +42,8 @@ def mesh_order(state: Mapping[StateKey, Tensor]) -> tuple[int, int, bool, int]:
     of the VPS train rank orders (tp innermost, or outermost: see train.mesh.build_mesh)."""
     mesh = None
     for t in state.values():
+        if isinstance(t, DTensor) and "ep" in (t.device_mesh.mesh_dim_names or ()):
+            continue  # experts: (edp, ep); the other params show the (flattened) dp mesh
         if isinstance(t, DTensor) and (mesh is None or t.device_mesh.ndim > mesh.ndim):
             mesh = t.device_mesh
             if mesh.ndim > 1:  # the first TP'd param has the full mesh: no need to look at ~1,700 more
@@ -75,12 +77,21 @@ def pipeline_order(state: Mapping[StateKey, Tensor]) -> tuple[int, int]:
     return root.size(0), int(root.mesh.min())
 
 
+def expert_parallel_size(state: Mapping[StateKey, Tensor]) -> int:
+    """ep of the experts' ("edp", "ep") DTensors (train.expert_parallel on train.mesh.build_ep_mesh); 1 without EP."""
+    for t in state.values():
+        names = t.device_mesh.mesh_dim_names or () if isinstance(t, DTensor) else ()
+        if "ep" in names:
+            return t.device_mesh.size(names.index("ep"))
+    return 1
+
+
 def train_spec(state: Mapping[StateKey, Tensor]) -> ParallelSpec:
     dp, tp, tp_outer, first_rank = mesh_order(state)
     pp, pipeline_first = pipeline_order(state)
     if pp > 1:  # the stage's own mesh starts at its stage; the layout's ranks start at the pipeline's first
         return vps_spec.train_spec(dp, tp, pp=pp, first_rank=pipeline_first)
-    return vps_spec.train_spec(dp, tp, tp_outer=tp_outer, first_rank=first_rank)
+    return vps_spec.train_spec(dp, tp, ep=expert_parallel_size(state), tp_outer=tp_outer, first_rank=first_rank)
 
 
 def state_kinds(state: Mapping[StateKey, Tensor]) -> tuple[Kind, ...]:

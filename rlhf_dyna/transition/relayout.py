@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 
 from rlhf_dyna.models.build import ValueModel
 from rlhf_dyna.train.engine import TrainEngine, refresh_fsdp_shards, reshard
-from rlhf_dyna.train.mesh import build_mesh, build_pp_mesh, is_tp_outer
+from rlhf_dyna.train.mesh import build_ep_mesh, build_mesh, build_pp_mesh, is_ep_mesh, is_tp_outer
 from rlhf_dyna.train.pipeline_engine import PipelineEngine
 from rlhf_dyna.train.pp_stage import StageModule, meta_full_model
 from rlhf_dyna.transition.movers import MoveStats, StateKey, StateMover, move_by_full_tensors
@@ -35,15 +35,17 @@ class TrainLayout:
     tp_outer: bool = False  # rank order of the mesh (train.mesh.build_mesh); VPS picks the one that moves less
     pp: int = 1  # pipeline stages (train.pipeline_engine); pp outermost
     pp_schedule: str = "1F1B"
+    ep: int = 1  # expert parallel over the dp ranks (train.expert_parallel): the experts sharded over ep, then dp / ep
 
     def describe(self) -> str:
         pipeline = f"pp{self.pp}x" if self.pp > 1 else ""
-        return f"{pipeline}dp{self.dp}xtp{self.tp}-zero{self.zero}" + ("-tp_outer" if self.tp_outer else "")
+        experts = f"-ep{self.ep}" if self.ep > 1 else ""
+        return f"{pipeline}dp{self.dp}xtp{self.tp}{experts}-zero{self.zero}" + ("-tp_outer" if self.tp_outer else "")
 
 
 @dataclass(frozen=True)
 class LayoutSwitch:
-    """From `step` on (before that step trains) the actor trains in layout (dp, tp, zero)."""
+    """From `step` on (before that step trains) the actor trains in layout (dp, tp, zero, pp, ep)."""
 
     step: int
     dp: int
@@ -51,10 +53,11 @@ class LayoutSwitch:
     zero: int = 3
     pp: int = 1
     pp_schedule: str = "1F1B"
+    ep: int = 1
 
     @property
     def layout(self) -> TrainLayout:
-        return TrainLayout(self.dp, self.tp, self.zero, pp=self.pp, pp_schedule=self.pp_schedule)
+        return TrainLayout(self.dp, self.tp, self.zero, pp=self.pp, pp_schedule=self.pp_schedule, ep=self.ep)
 
 
 def validate_schedule(schedule: Sequence[LayoutSwitch], world_size: int) -> None:
@@ -68,6 +71,8 @@ def validate_schedule(schedule: Sequence[LayoutSwitch], world_size: int) -> None
                              f"!= world size {world_size}")
         if switch.zero not in (1, 2, 3):
             raise ValueError(f"layout switch at step {switch.step}: zero={switch.zero}; valid: 1, 2, 3")
+        if switch.ep < 1 or switch.dp % switch.ep:
+            raise ValueError(f"layout switch at step {switch.step}: ep={switch.ep} does not divide dp={switch.dp}")
 
 
 def switch_at(schedule: Sequence[LayoutSwitch], step: int) -> TrainLayout | None:
@@ -79,26 +84,35 @@ def layout_of(engine: TrainEngine) -> TrainLayout:
     if isinstance(engine, PipelineEngine):
         return TrainLayout(engine.dp_size, engine.mesh["tp"].size(), engine.zero, pp=engine.pp_size,
                            pp_schedule=engine.schedule_name)
+    if is_ep_mesh(engine.mesh):
+        return TrainLayout(engine.mesh["dp"].size(), engine.mesh["tp"].size(), engine.zero, ep=engine.mesh["ep"].size())
     return TrainLayout(engine.mesh["dp"].size(), engine.mesh["tp"].size(), engine.zero, is_tp_outer(engine.mesh))
 
 
 class MeshCache:
-    """One DeviceMesh per (dp, tp, rank order): creating process groups is collective and gloo groups hold sockets
-    and threads, so switching back and forth reuses the meshes already built."""
+    """One DeviceMesh per (dp, tp, rank order, pp, ep): creating process groups is collective and gloo groups hold
+    sockets and threads, so switching back and forth reuses the meshes already built."""
 
     def __init__(self) -> None:
-        self._meshes: dict[tuple[int, int, bool, int], DeviceMesh] = {}
+        self._meshes: dict[tuple[int, int, bool, int, int], DeviceMesh] = {}
 
     def add(self, mesh: DeviceMesh) -> None:
         if "pp" in (mesh.mesh_dim_names or ()):
-            self._meshes.setdefault((mesh["dp"].size(), mesh["tp"].size(), False, mesh["pp"].size()), mesh)
-            return
-        self._meshes.setdefault((mesh["dp"].size(), mesh["tp"].size(), is_tp_outer(mesh), 1), mesh)
+            self._meshes.setdefault((mesh["dp"].size(), mesh["tp"].size(), False, mesh["pp"].size(), 1), mesh)
+        elif is_ep_mesh(mesh):
+            self._meshes.setdefault((mesh["dp"].size(), mesh["tp"].size(), False, 1, mesh["ep"].size()), mesh)
+        else:
+            self._meshes.setdefault((mesh["dp"].size(), mesh["tp"].size(), is_tp_outer(mesh), 1, 1), mesh)
 
-    def get(self, dp: int, tp: int, tp_outer: bool = False, pp: int = 1) -> DeviceMesh:
-        key = (dp, tp, tp_outer, pp)
+    def get(self, dp: int, tp: int, tp_outer: bool = False, pp: int = 1, ep: int = 1) -> DeviceMesh:
+        key = (dp, tp, tp_outer, pp, ep)
         if key not in self._meshes:
-            self._meshes[key] = build_pp_mesh(pp, dp, tp) if pp > 1 else build_mesh(dp, tp, tp_outer)
+            if pp > 1:
+                self._meshes[key] = build_pp_mesh(pp, dp, tp)
+            elif ep > 1:
+                self._meshes[key] = build_ep_mesh(dp, ep, tp)
+            else:
+                self._meshes[key] = build_mesh(dp, tp, tp_outer)
         return self._meshes[key]
 
 
@@ -189,7 +203,7 @@ def relayout(
     same parameters and AdamW state, and the mover's stats. The old engine is consumed (its state is freed).
     With a recorder, the move is one trace event (a round-level trace is the VPS executor's to record)."""
     meshes.add(engine.mesh)
-    mesh = meshes.get(layout.dp, layout.tp, layout.tp_outer, layout.pp)
+    mesh = meshes.get(layout.dp, layout.tp, layout.tp_outer, layout.pp, layout.ep)
     new = empty_engine_like(engine, layout, mesh, model_factory(engine.model))
     step = _optimizer_step(engine)
     if step is not None:

@@ -67,8 +67,8 @@ def make_vps_mover(hf_config: object, budget_bytes: int = DEFAULT_BUDGET_BYTES, 
 def least_moving_layout(engine: TrainEngine, layout: TrainLayout) -> TrainLayout:
     """`layout` in the mesh rank order (TP innermost or outermost) whose plan moves the fewest bytes from the
     engine's live state; same answer on every rank (planning is a pure function of the layouts)."""
-    if layout.pp > 1 or isinstance(engine, PipelineEngine):
-        return layout  # pipeline meshes have one rank order (pp, dp, tp)
+    if layout.pp > 1 or isinstance(engine, PipelineEngine) or layout.ep > 1 or layout.tp == 1:
+        return layout  # pipeline and expert meshes have one rank order; without TP both orders are the same
     source = bind_train_state(engine)
     config = engine.model.config
     spec = ParallelSpec(Phase.TRAIN, dp=layout.dp, tp=layout.tp, zero=3)  # bound state is always the sharded one

@@ -19,7 +19,7 @@ from .layout_types import contiguous_strides
 from .mesh import Steps, mesh_pieces
 from .model import CatalogTensor, ModelCatalog, Role
 from .spec import ParallelSpec
-from .split import chunk, even, linear
+from .split import chunk, even
 from .tensor import Kind
 from .validate import stage_layers, validate
 
@@ -109,7 +109,8 @@ def stage_pieces(t: CatalogTensor, stage: np.ndarray, spec: ParallelSpec, sharde
 def expert_pieces(t: CatalogTensor, stage: np.ndarray, spec: ParallelSpec, sharded: bool, slot: int):
     edp = spec.dp * spec.cp * spec.tp // (spec.ep * spec.etp)
     mesh = stage.reshape(spec.dp_replicate, edp, spec.ep, spec.etp)
-    experts: Steps = [("ep", linear)] + ([("edp", chunk)] if sharded else [])
+    # DTensor Shard(0) over ep (torch.chunk: train.expert_parallel), then FSDP2's dim-0 chunks of each rank's experts
+    experts: Steps = [("ep", chunk)] + ([("edp", chunk)] if sharded else [])
     if t.role == Role.EXPERT_DOWN:
         return mesh_pieces(t.shape, mesh, ("dpr", "edp", "ep", "etp"), {0: experts, 2: [("etp", even)]}, slot)
     inter_r = t.shape[1] // spec.etp

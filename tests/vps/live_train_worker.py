@@ -6,11 +6,11 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from rlhf_dyna.models.catalog import catalog_from_config
-from rlhf_dyna.train.mesh import mesh_ranks
-from rlhf_dyna.train.parallelize import apply_fsdp, apply_tensor_parallel
+from rlhf_dyna.train.mesh import build_ep_mesh, mesh_ranks
+from rlhf_dyna.train.parallelize import apply_fsdp, apply_tensor_parallel, parallelize
 from rlhf_dyna.train.pp_stage import split_stage
 from rlhf_dyna.vps.layout import build_layout
 from rlhf_dyna.vps.spec import ParallelSpec
@@ -50,17 +50,37 @@ def config(tied: bool, pp: int = 1) -> LlamaConfig:
 
 
 def check(dp: int, tp: int, fsdp: bool, tp_outer: bool = False, tied: bool = False, pp: int = 1) -> int:
-    rank = dist.get_rank()
     model = build(dp, tp, fsdp, tp_outer, tied, pp)
+    spec = ParallelSpec(dp=dp, tp=tp, pp=pp, zero=3 if fsdp else 0, tp_outer=tp_outer)
+    return compare(model, spec, config(tied, pp))
+
+
+def moe_config(num_experts: int) -> Qwen3MoeConfig:
+    """Layer 0 sparse, layer 1 dense (mlp_only_layers); moe_intermediate_size 5 and hidden 6 keep shapes odd."""
+    return Qwen3MoeConfig(**CONFIG, num_experts=num_experts, num_experts_per_tok=2, moe_intermediate_size=5,
+                          mlp_only_layers=[1], decoder_sparse_step=1)
+
+
+def check_ep(ep: int, num_experts: int) -> int:
+    """The engine's own expert parallel (train.parallelize on train.mesh.build_ep_mesh) over all 4 ranks as dp."""
+    torch.manual_seed(0)
+    model = parallelize(Qwen3MoeForCausalLM(moe_config(num_experts)).float(), build_ep_mesh(4, ep), "fp32")
+    return compare(model, ParallelSpec(dp=4, ep=ep), moe_config(num_experts))
+
+
+def compare(model, spec: ParallelSpec, hf_config) -> int:
+    rank = dist.get_rank()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     for p in model.parameters():
         p.grad = torch.ones_like(p) * (1 + rank)
     opt.step()
-    spec = ParallelSpec(dp=dp, tp=tp, pp=pp, zero=3 if fsdp else 0, tp_outer=tp_outer)
-    layout = build_layout(catalog_from_config(config(tied, pp), param_dtype="float32"), spec)
-    # by live buffer: a tied embedding is model.embed_tokens.weight on the first stage, lm_head.weight on the last
-    pieces = {p.buffer: p for p in layout.pieces(rank)}
-    names = {p.buffer.rsplit(":", 1)[0] for p in pieces.values()}
+    layout = build_layout(catalog_from_config(hf_config, param_dtype="float32"), spec)
+    # by live buffer: a tied embedding is model.embed_tokens.weight on the first stage, lm_head.weight on the last;
+    # a fused buffer (experts.gate_up_proj: gate and up) holds several pieces
+    pieces: dict[str, list] = {}
+    for piece in layout.pieces(rank):
+        pieces.setdefault(piece.buffer, []).append(piece)
+    names = {buffer.rsplit(":", 1)[0] for buffer in pieces}
     live = {name for name, _ in model.named_parameters()}
     assert names <= live, f"rank {rank}: VPS buffers {sorted(names - live)} are not parameters of this rank's model"
     buffers = layout.buffers(rank)
@@ -72,16 +92,29 @@ def check(dp: int, tp: int, fsdp: bool, tp_outer: bool = False, tied: bool = Fal
             is_dtensor = hasattr(value, "full_tensor")  # TP leaves norms as plain replicated tensors
             full = value.full_tensor() if is_dtensor else value  # collective: every rank, same order
             local = value.to_local() if is_dtensor else value
-            piece = pieces.get(f"{name}:{kind.value}")
-            if piece is None:
+            held = pieces.get(f"{name}:{kind.value}")
+            if held is None:
                 assert local.numel() == 0, f"rank {rank}: {name} {kind} holds {tuple(local.shape)}, VPS says nothing"
                 continue
-            assert tuple(local.shape) == buffers[piece.buffer].shape, (name, kind, local.shape, buffers[piece.buffer])
-            view = local.contiguous().flatten().as_strided(piece.box.shape, piece.strides, piece.offset)
-            want = full[tuple(slice(a, b) for a, b in zip(piece.box.lo, piece.box.hi))]
-            assert torch.equal(view, want), f"rank {rank}: {name} {kind} {piece.box} differs"
-            checked += 1
+            assert tuple(local.shape) == buffers[held[0].buffer].shape, (name, kind, local.shape, buffers[held[0].buffer])
+            covered = 0
+            for piece in held:
+                view = local.contiguous().flatten().as_strided(piece.box.shape, piece.strides, piece.offset)
+                want = logical(full, piece)[tuple(slice(a, b) for a, b in zip(piece.box.lo, piece.box.hi))]
+                assert torch.equal(view, want), f"rank {rank}: {name} {kind} {piece.box} differs"
+                covered += piece.box.volume
+                checked += 1
+            assert covered == local.numel(), f"rank {rank}: {name} {kind}: VPS pieces cover {covered} of {local.numel()}"
     return checked
+
+
+def logical(full: torch.Tensor, piece) -> torch.Tensor:
+    """The logical tensor a piece belongs to, from the full live parameter: fused gate_up_proj [E, 2I, H] is the
+    experts' gate [E, I, H] then up."""
+    if full.ndim == 3 and piece.tensor.shape != tuple(full.shape):
+        gate, up = full.chunk(2, dim=1)
+        return gate if ".gate_proj." in piece.tensor.name else up
+    return full
 
 
 CASES = {"fsdp4": (4, 1, True), "fsdp2_tp2": (2, 2, True), "ddp2_tp2": (2, 2, False),
@@ -92,10 +125,14 @@ CASES = {"fsdp4": (4, 1, True), "fsdp2_tp2": (2, 2, True), "ddp2_tp2": (2, 2, Fa
          "pp2_tp2": (1, 2, True, False, False, 2)}  # TP inside each stage: vocab-parallel embedding / lm_head  # embedding on stage 0, its tied lm_head copy on stage 1
 
 
+EP_CASES = {"ep2_fsdp2": (2, 6),  # 3 experts per EP rank, FSDP-chunked 2 / 1 over edp
+            "ep4": (4, 4)}  # one expert per rank, edp = 1
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     for name in sys.argv[1:]:
-        checked = check(*CASES[name])
+        checked = check_ep(*EP_CASES[name]) if name in EP_CASES else check(*CASES[name])
         print(f"{name}: rank {dist.get_rank()} checked {checked} pieces", flush=True)
     dist.destroy_process_group()
 
