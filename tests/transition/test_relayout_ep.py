@@ -48,7 +48,10 @@ def _carried_exactly(rank: int) -> None:
     before = _full_state(engine)
     engine, there = _switch(engine, EP)
     assert layout_of(engine) == EP
-    assert there.bytes_received > 0
+    received = torch.tensor([there.bytes_received])
+    torch.distributed.all_reduce(received)
+    # ep inner: ranks 0 and 3 keep their dp4 experts, 1 and 2 swap theirs; every other shard stays
+    assert (there.bytes_received > 0) == (rank in (1, 2)), (rank, there.bytes_received)
     experts = engine.model.model.layers[0].mlp.experts.down_proj
     assert experts.device_mesh.mesh_dim_names == ("edp", "ep") and experts.to_local().shape[0] == 2
     after = _full_state(engine)
@@ -57,13 +60,13 @@ def _carried_exactly(rank: int) -> None:
         assert torch.equal(tensor, before[key]), key
     engine.step(_rows(engine, 2), nll_loss)  # it trains in the expert-parallel layout
     trained = _full_state(engine)
-    engine, back_stats = _switch(engine, DP)
+    engine, _ = _switch(engine, DP)
     assert layout_of(engine) == DP
     for key, tensor in _full_state(engine).items():
         assert torch.equal(tensor, trained[key]), key
     assert {float(s["step"]) for s in engine.optimizer.state.values()} == {3.0}
     if rank == 0:
-        print(f"dp4 -> ep2: {there.bytes_received} B received on rank 0; back: {back_stats.bytes_received} B")
+        print(f"dp4 -> ep2: {int(received)} B received over all ranks")
 
 
 def _losses(schedule: list[LayoutSwitch]) -> list[float]:
