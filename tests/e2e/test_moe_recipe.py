@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlhf_dyna.config import Config
-from rlhf_dyna.validate import ConfigError, check_runs_live
+from rlhf_dyna.config import Config, LayoutSwitchConfig
+from rlhf_dyna.validate import ConfigError, check_layouts, check_runs_live
 from tests.e2e.test_recipes import SHORT, read_metrics, run_app
 
 
@@ -64,3 +64,18 @@ def test_moe_at_ep1_and_ep2_passes_the_live_check():
 def test_moe_configs_that_cannot_run_live_are_refused(changes, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("=", "=")):
         check_runs_live(_moe_cfg(**changes))
+
+
+def test_expert_parallel_layouts_in_the_schedule_are_checked():
+    cfg = _moe_cfg()
+    cfg.parallel.schedule = [LayoutSwitchConfig(step=2, ep=2), LayoutSwitchConfig(step=3, ep=1)]
+    check_layouts(cfg)
+    cfg.parallel.schedule = [LayoutSwitchConfig(step=2, ep=3)]
+    with pytest.raises(ConfigError, match=r"parallel\.schedule\[0\] \(step 2\) ep=3 does not divide dp=4"):
+        check_layouts(cfg)
+    cfg.parallel.schedule = [LayoutSwitchConfig(step=2, ep=2, tp=2)]
+    with pytest.raises(ConfigError, match="ep=2 with tp=2, pp=1: expert parallel runs live over dp ranks only"):
+        check_layouts(cfg)
+    cfg.model.num_experts, cfg.parallel.schedule = 0, [LayoutSwitchConfig(step=2, ep=2)]
+    with pytest.raises(ConfigError, match=r"ep=2 on a dense model \(model.num_experts=0\)"):
+        check_layouts(cfg)
