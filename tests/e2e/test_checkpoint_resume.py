@@ -1,7 +1,8 @@
 """End to end: checkpoints and resume of the real app (Hydra, spawned gloo ranks, vLLM rollout, FSDP2 training).
 
-GRPO with a KL term whose reference is the post-warm-up actor, so resume must restore the actor, its Adam state,
-the reference, the loop's prompt rng and the step without re-running the warm-up; partial-credit rewards after a
+GRPO with a KL term whose reference is the post-warm-up actor and whose coefficient the adaptive controller moves,
+so resume must restore the actor, its Adam state, the reference, the KL coefficient, the loop's prompt rng and the
+step without re-running the warm-up; partial-credit rewards after a
 30-step warm-up make losses and rewards non-zero. 6 steps in one run must log what 3 steps + a resume for 3 log.
 PPO checks the critic the same way. A 2-rank checkpoint resumed on 4 ranks continues close to the 2-rank run."""
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tests.e2e.test_recipes import read_metrics, run_app
 
 GRPO = [
     "recipe=grpo_tiny", "trainer.sft_warmup_steps=30", "algorithm.kl_coef=0.05", "trainer.precision=fp32",
+    "algorithm.kl_ctrl=adaptive", "algorithm.kl_horizon=200",
     "task.prompts_per_step=8", "rollout.n=4", "task.partial_credit=true", "task.eval_size=16", "task.eval_every=2",
     "tracking.wandb_mode=disabled",
 ]
@@ -56,6 +58,7 @@ def grpo_runs(tmp_path_factory):
 def test_grpo_resume_logs_what_an_uninterrupted_run_logs(grpo_runs):
     root, full = grpo_runs
     assert any(abs(r.get("actor/pg_loss", 0.0)) > 1e-4 for r in full) and any(r.get("actor/kl", 0.0) > 0 for r in full)
+    assert abs(full[4]["actor/kl_coef"] / 0.05 - 1) > 1e-3  # the coefficient step 4 trains with was saved at step 3
     resumed = run(root / "resumed", *GRPO, "trainer.total_steps=6", f"trainer.resume={root / 'first3'}")
     assert_same_steps(full, resumed, range(4, 7))
     assert not any(k.startswith("sft/") for r in resumed for k in r), "the warm-up ran again on resume"
