@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 SHORT = ["trainer.total_steps=2", "trainer.sft_warmup_steps=2", "task.eval_size=16", "task.eval_every=1"]
 REQUIRED = [
     "timing_s/gen", "timing_s/train", "timing_s/weight_sync", "reshard/train_to_rollout/seconds",
