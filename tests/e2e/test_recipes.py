@@ -37,12 +37,10 @@ def assert_recipe_outputs(run_dir: Path, stdout: str, recipe: str, steps: int, e
     assert f"recipe {recipe}, 2 local ranks" in stdout
 
 
-def test_recipe_runs_end_to_end(tmp_path):
-    """grpo_tiny with the VPS sync; ppo_tiny with the naive sync is the first run of
-    tests/e2e/test_checkpoint_resume.py::test_ppo_resume_restores_the_critic."""
-    run_dir = tmp_path / "grpo_tiny"
-    proc = run_app("recipe=grpo_tiny", "rollout.sync=vps", *SHORT, f"hydra.run.dir={run_dir}")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_recipe_runs_end_to_end(grpo_tiny_run):
+    """grpo_tiny with the VPS sync (the run conftest.grpo_tiny_run shares with test_policy_export); ppo_tiny with the
+    naive sync is the first run of tests/e2e/test_checkpoint_resume.py::test_ppo_resume_restores_the_critic."""
+    run_dir, proc = grpo_tiny_run
     assert_recipe_outputs(run_dir, proc.stdout, "grpo_tiny", 2, [])
 
 
