@@ -1,12 +1,12 @@
-"""The machine a run starts on: what it can hold (cores, memory, GPUs), a run's name and a free port."""
+"""The machine a run starts on: whether this process is already a launched rank, what the machine can hold (cores,
+memory, GPUs), a run's name and a free port. Imports torch only to count GPUs: the launcher checks a run before it
+pays for torch."""
 from __future__ import annotations
 
 import os
 import socket
 import uuid
 from pathlib import Path
-
-import torch
 
 RANKS_PER_CORE_LIMIT = 4
 
@@ -15,7 +15,17 @@ class LaunchError(RuntimeError):
     """A run that cannot start as asked; the message says what is wrong and what would work."""
 
 
+def under_torchrun() -> bool:
+    """True when this process already is a rank of a launched world (torchrun, or any launcher
+    that sets RANK/WORLD_SIZE/MASTER_ADDR, spawn_ranks included), so it must not spawn."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return True
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
 def local_device_kind() -> str:
+    import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -56,6 +66,8 @@ def check_capacity(world_size: int, device: str, mem_per_rank_bytes: int = 0) ->
                     f"at most {fits} rank(s) fit. Use a smaller world_size or a smaller model."
                 )
     elif device == "cuda":
+        import torch
+
         gpus = torch.cuda.device_count()
         if world_size > gpus:
             raise LaunchError(

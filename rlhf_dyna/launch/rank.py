@@ -28,14 +28,6 @@ class DistInfo:
     run_ident: str
 
 
-def under_torchrun() -> bool:
-    """True when this process already is a rank of a launched world (torchrun, or any launcher
-    that sets RANK/WORLD_SIZE/MASTER_ADDR, spawn_ranks included), so it must not spawn."""
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        return True
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
-
-
 def _env_int(name: str, default: int | None = None) -> int:
     value = os.environ.get(name)
     if value is None:
