@@ -12,7 +12,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .choices import SEQUENCE_LEVEL
 from .grpo import group_advantages
 from .ppo import whiten
 
