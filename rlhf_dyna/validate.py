@@ -7,9 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .algos.kl import KL_ESTIMATORS
-from .algos.kl_control import KL_CONTROLLERS
-from .algos.losses import LOSS_AGGS
+from .algos.choices import KL_CONTROLLERS, KL_ESTIMATOR_NAMES, LOSS_AGGS
 from .config import Config, LayoutConfig, ModelConfig
 from .validate_algorithm import check_algorithm
 from .validate_moe import MoeConfigError, check_moe_live, is_moe
@@ -22,7 +20,7 @@ class ConfigError(ValueError):
 CHOICES = {
     "algorithm.name": ("grpo", "ppo"),
     "algorithm.loss_agg": (*LOSS_AGGS, "seq_mean"),
-    "algorithm.kl_estimator": tuple(KL_ESTIMATORS),
+    "algorithm.kl_estimator": KL_ESTIMATOR_NAMES,
     "algorithm.kl_ctrl": KL_CONTROLLERS,
     "algorithm.grpo_std": ("population", "unbiased"),
     "rollout.engine": ("vllm",),

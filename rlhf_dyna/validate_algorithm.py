@@ -4,7 +4,7 @@ Called from validate.validate; every error is one paragraph: what is wrong, and 
 """
 from __future__ import annotations
 
-from .algos.estimators import ADV_ESTIMATORS, GROUP_BASELINE, SEQUENCE_LEVEL
+from .algos.choices import ADV_ESTIMATORS, GROUP_BASELINE, SEQUENCE_LEVEL
 from .config import Config
 
 

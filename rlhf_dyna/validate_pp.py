@@ -3,7 +3,7 @@
 Every layout the run trains in (parallel.train and each parallel.schedule entry) with pp > 1 must: have no more
 stages than decoder layers (uneven splits are fine: vps.validate.stage_layers), split every batch it
 trains on into equal micro-batches of algorithm.micro_batch_size rows per dp rank, and give 1F1B at least pp of
-them. DCP checkpoints (save / resume) are not wired for pipeline layouts yet.
+them.
 """
 from __future__ import annotations
 
@@ -53,8 +53,4 @@ def pipeline_problems(cfg: Config) -> list[str]:
             problem = _micro_batches(per_rank, micro, pp, schedule, what, where)
             if problem:
                 problems.append(problem)
-    if pipeline_layouts(cfg) and (cfg.trainer.save_every > 0 or cfg.trainer.save_last or cfg.trainer.resume):
-        problems.append("checkpoints (trainer.save_every, trainer.save_last, trainer.resume) are not wired for "
-                        "pipeline layouts yet; set trainer.save_every=0 trainer.save_last=false (the policy export "
-                        "at the end still runs)")
     return problems

@@ -15,11 +15,6 @@ from torch import Tensor
 from .grpo import group_advantages
 from .ppo import whiten
 
-SEQUENCE_LEVEL = ("grpo", "dr_grpo", "rloo")  # one advantage per sample, from the rewards of its prompt's group
-TOKEN_LEVEL = ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae")  # per token, whitened over the batch
-ADV_ESTIMATORS = SEQUENCE_LEVEL + TOKEN_LEVEL
-GROUP_BASELINE = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")  # need n >= 2 samples per prompt
-
 
 def dr_grpo_advantages(rewards: Tensor, n: int) -> Tensor:
     """Dr. GRPO (Liu et al. 2025): the reward minus its group's mean, without dividing by the group's std

@@ -13,6 +13,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .choices import KL_ESTIMATOR_NAMES
+
 KL_LOG_RATIO_CLAMP = 20.0
 LOW_VAR_KL_MAX = 10.0
 
@@ -39,9 +41,8 @@ def kl_low_var(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return kl_k3(logprobs, ref_logprobs).clamp(max=LOW_VAR_KL_MAX)
 
 
-KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "low_var_kl": kl_low_var,
-}
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = dict(
+    zip(KL_ESTIMATOR_NAMES, (kl_k1, kl_k2, kl_k3, kl_low_var), strict=True))
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:

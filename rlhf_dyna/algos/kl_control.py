@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .choices import KL_CONTROLLERS
+
 
 @dataclass
 class FixedKLController:
@@ -26,7 +28,6 @@ class AdaptiveKLController:
         self.value *= 1.0 + error * n_samples / self.horizon
 
 
-KL_CONTROLLERS = ("fixed", "adaptive")
 
 
 def make_kl_controller(kind: str, kl_coef: float, target: float, horizon: int) -> FixedKLController | AdaptiveKLController:

@@ -17,8 +17,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from .choices import LOSS_AGGS
+
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "seq_mean"]
-LOSS_AGGS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 AGG_ALIASES = {"seq_mean": "seq_mean_token_mean"}
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: beyond it the ratio carries no information, only overflow
 

@@ -10,9 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..algos.estimators import (
-    SEQUENCE_LEVEL, dr_grpo_advantages, group_centred_scores, reinforce_plus_plus, rloo_advantages,
-)
+from ..algos.choices import SEQUENCE_LEVEL
+from ..algos.estimators import dr_grpo_advantages, group_centred_scores, reinforce_plus_plus, rloo_advantages
 from ..algos.grpo import group_advantages
 from ..algos.kl import kl_penalty
 from ..algos.ppo import gae, token_rewards, whiten

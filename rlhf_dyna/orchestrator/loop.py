@@ -134,12 +134,14 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
         critic = build_critic_engine(cfg, source, actor) if cfg.algorithm.name == "ppo" else None
         rng = random.Random(cfg.trainer.seed + 1)
         alg = cfg.algorithm
-        kl_ctl = make_kl_controller(alg.kl_ctrl, alg.kl_coef, alg.kl_target, alg.kl_horizon)  # not checkpointed
+        kl_ctl = make_kl_controller(alg.kl_ctrl, alg.kl_coef, alg.kl_target, alg.kl_horizon)
         schedule = layout_schedule(cfg)
         start = 0
         if resume_from is not None:  # [ckpt] DCP reshards into this run's layout; the schedule's is reached below
             state = restore_run(resume_from, {"actor": actor, "critic": critic, "reference": ref}, task)
             start, rng = state.step, state.loop_rng
+            if state.kl_coef is not None:  # the adaptive controller's coefficient has moved since kl_coef
+                kl_ctl.value = state.kl_coef
         sync.sync(actor, rollout)  # vLLM generates with the (resumed) actor's weights
         placed = start_placed(cfg, actor, recorder)  # [placement] lend: its sets' groups build in the background
         if start == 0:
@@ -161,7 +163,8 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
             if tracker:
                 tracker.log(step, metrics)
             checkpoint_and_export(cfg, out_dir, step, {"actor": actor, "critic": critic, "reference": ref}, rng, task,
-                                  {"dp": ctx.dp, "tp": ctx.tp, "zero": actor.zero}, model_dir)  # [ckpt]
+                                  {"pp": ctx.pp, "dp": ctx.dp, "tp": ctx.tp, "zero": actor.zero}, model_dir,
+                                  kl_coef=kl_ctl.value)  # [ckpt]
         if cfg.trainer.export_policy and not save_due(cfg.trainer, cfg.trainer.total_steps):  # [ckpt] export at the end
             export_policy(cfg.trainer, actor, model_dir, out_dir)
         if recorder is not None:  # collective, so not in `finally`: after one rank fails the others would wait forever

@@ -1,7 +1,8 @@
 """Run state at a step: DCP checkpoint of the engines plus step, RNG states, data position and layout; restore.
 
 Layout of `<run dir>/checkpoints/step_<N>/`: DCP files (`.metadata`, `__<rank>_0.distcp`), `trainer_state.pt`
-(rank 0: step, loop rng, python rng, task state), `rng_rank<R>.pt` (each rank's torch RNG) and `COMPLETE`."""
+(rank 0: step, loop rng, python rng, task state, KL coefficient), `rng_rank<R>.pt` (each rank's torch RNG) and
+`COMPLETE`."""
 from __future__ import annotations
 
 import json
@@ -26,6 +27,7 @@ TRAINER_STATE = "trainer_state.pt"
 class RunState:
     step: int
     loop_rng: random.Random  # the loop's prompt sampler
+    kl_coef: float | None = None  # the KL controller's coefficient for the next step (None: not saved)
 
 
 def _rng_file(rank: int) -> str:
@@ -37,7 +39,7 @@ def _task_state(task) -> dict:
 
 
 def save_run(run_dir: Path, step: int, engines: dict[str, TrainEngine | None], loop_rng: random.Random, task,
-             layout: dict, keep: int) -> Path:
+             layout: dict, keep: int, kl_coef: float | None = None) -> Path:
     """Collective. Writes step_<N>.tmp/, then rank 0 adds the marker and renames it to step_<N>/ after a barrier,
     so a run killed mid-save leaves the previous checkpoint usable and this one ignored."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -53,7 +55,7 @@ def save_run(run_dir: Path, step: int, engines: dict[str, TrainEngine | None], l
     torch.save({"torch": torch.get_rng_state()}, tmp / _rng_file(rank))
     if rank == 0:
         torch.save({"step": step, "loop_rng": loop_rng.getstate(), "python_rng": random.getstate(),
-                    "task": _task_state(task)}, tmp / TRAINER_STATE)
+                    "task": _task_state(task), "kl_coef": kl_coef}, tmp / TRAINER_STATE)
     dist.barrier()  # every rank's files are on disk before the marker says so
     if rank == 0:
         files = [".metadata", TRAINER_STATE, *(_rng_file(r) for r in range(world))]
@@ -87,7 +89,7 @@ def restore_run(path: Path, engines: dict[str, TrainEngine | None], task) -> Run
     if rank == 0:
         print(f"rlhf_dyna: resumed from {path} (step {state['step']}, saved on {marker['world_size']} ranks in "
               f"layout {marker['layout']})", flush=True)
-    return RunState(step=state["step"], loop_rng=loop_rng)
+    return RunState(step=state["step"], loop_rng=loop_rng, kl_coef=state.get("kl_coef"))
 
 
 def save_due(trainer, step: int) -> bool:
@@ -118,13 +120,13 @@ def export_policy(trainer, actor: TrainEngine, model_dir: Path, run_dir: Path) -
 
 
 def checkpoint_and_export(cfg, run_dir: Path, step: int, engines: dict, loop_rng: random.Random, task, layout: dict,
-                          model_dir: Path) -> None:
+                          model_dir: Path, kl_coef: float | None = None) -> None:
     """The loop's hook after each logged step: a checkpoint when due, and the policy export with it."""
     trainer = cfg.trainer
     if not save_due(trainer, step):
         return
     t0 = time.perf_counter()
-    path = save_run(run_dir, step, engines, loop_rng, task, layout, trainer.keep_checkpoints)
+    path = save_run(run_dir, step, engines, loop_rng, task, layout, trainer.keep_checkpoints, kl_coef)
     t1 = time.perf_counter()
     if trainer.export_policy:
         export_policy(trainer, engines["actor"], model_dir, run_dir)

@@ -68,6 +68,11 @@ class PipelineEngine(TrainEngine):
             mine = group if dist.get_rank() in pair else mine
         return mine
 
+    def optimizer_aliases(self) -> dict[str, str]:
+        """Checkpoints keep the tied lm_head's AdamW state under the embedding's name (train.checkpoint): the first
+        stage holds the same values, and the dp-only engine names the tied tensor so."""
+        return {"lm_head.weight": "model.embed_tokens.weight"} if self.tied and self.stage_module.is_last else {}
+
     def pipeline_metrics(self) -> dict[str, float]:
         return {"pp/bubble_fraction": self.last_bubble_fraction, "pp/stages": float(self.pp_size)}
 

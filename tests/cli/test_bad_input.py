@@ -39,7 +39,6 @@ CASES = [
       "parallel.train.tp=4", "parallel.nodes=1", "task.prompts_per_step=8"], "does not run live yet"),
     (["parallel.world_size=4", "parallel.train.cp=2"], "parallel.train.cp=2 does not run live yet"),
     (["parallel.world_size=4", "parallel.train.pp=4"], "pp=4 exceeds model.num_hidden_layers=2"),
-    (["parallel.world_size=4", "parallel.train.pp=2", "trainer.sft_warmup_steps=0"], "checkpoints (trainer.save_every"),
     (["rollout.n=1"], "GRPO's baseline is the mean reward of a prompt's group"),
     (["algorithm.adv_estimator=gae"], "gae needs the critic that only algorithm.name=ppo trains"),
     (["algorithm.mini_batches=3"], "do not split into algorithm.mini_batches=3 x dp=2 equal shards"),

@@ -1,6 +1,14 @@
 """End to end: the pipeline-parallel recipe (pp2 x dp2 on 4 local ranks, vLLM rollout tp2) runs with the real app,
-switches online to dp4 and back to pp2 x dp2, logs the predicted bubble fraction and syncs vLLM from the pp layout."""
+switches online to dp4 and back to pp2 x dp2, logs the predicted bubble fraction and syncs vLLM from the pp layout.
+Its last step is saved from the pp layout: a DCP checkpoint under the HF names (every stage's parameters and AdamW
+state, layout-free) and the exported policy, which equals the checkpoint's actor tensor for tensor."""
 from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.e2e.test_recipes import read_metrics, run_app
 
@@ -26,6 +34,17 @@ def test_pipeline_recipe_runs_and_switches(tmp_path):
     assert rows[2]["reshard/train_relayout/bytes_moved"] > 0 and rows[3]["reshard/train_relayout/bytes_moved"] > 0
     assert "training layout pp2xdp2xtp1-zero3 -> dp4xtp1-zero3" in proc.stdout
     assert "training layout dp4xtp1-zero3 -> pp2xdp2xtp1-zero3" in proc.stdout
+
+    step3 = run_dir / "checkpoints" / "step_3"  # save_last, in pp2 x dp2
+    assert json.loads((step3 / "COMPLETE").read_text())["layout"] == {"pp": 2, "dp": 2, "tp": 1, "zero": 3}
+    dcp_to_torch_save(step3, tmp_path / "ckpt.pt")
+    actor = torch.load(tmp_path / "ckpt.pt", weights_only=False)["actor"]
+    index = json.loads((run_dir / "policy" / "model.safetensors.index.json").read_text())
+    exported = {k: v for f in set(index["weight_map"].values()) for k, v in load_file(str(run_dir / "policy" / f)).items()}
+    assert set(exported) == set(actor["model"]) and "model.layers.2.mlp.up_proj.weight" in exported  # both stages
+    for name, tensor in exported.items():
+        assert torch.equal(tensor, actor["model"][name]), name
+    assert {k for k in actor["optim"] if k.endswith(".exp_avg_sq")} == {f"state.{n}.exp_avg_sq" for n in exported}
 
 
 def test_bad_pipeline_settings_are_refused_before_spawn():

@@ -18,18 +18,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlhf_dyna.tasks.base import make_task
 from rlhf_dyna.tasks.tokenizer import CharTokenizer
-from tests.e2e.test_recipes import run_app
 
 MAX_TOKENS = 6
-RUN = ["recipe=grpo_tiny", "trainer.total_steps=2", "trainer.sft_warmup_steps=30", "task.prompts_per_step=8",
-       "rollout.n=4", "task.eval_size=16", "model.tie_word_embeddings=true", "tracking.wandb_mode=disabled",
-       "trainer.export_max_shard_bytes=60000"]  # ~150 KB of fp32 weights -> several files
 
 
-def test_exported_policy_is_the_trained_actor_in_transformers_and_vllm(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = run_app(*RUN, f"hydra.run.dir={run_dir}", timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_exported_policy_is_the_trained_actor_in_transformers_and_vllm(grpo_tiny_run, tmp_path):
+    """The run of conftest.grpo_tiny_run: tied embeddings, ~150 KB of fp32 weights in files of at most 60 KB."""
+    run_dir, _ = grpo_tiny_run
     policy = run_dir / "policy"
     assert not (run_dir / "policy.tmp").exists()
     index = json.loads((policy / "model.safetensors.index.json").read_text())

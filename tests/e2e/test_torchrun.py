@@ -15,7 +15,8 @@ def test_app_under_two_torchrun_agents(tmp_path):
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", tmp_path.name,
              "--node-rank", str(node), "--max-restarts", "0",
-             "-m", "rlhf_dyna", "trainer.total_steps=1", "task.eval_size=16", "tracking.wandb_mode=disabled",
+             "-m", "rlhf_dyna", "trainer.total_steps=1", "trainer.sft_warmup_steps=0", "task.prompts_per_step=8",
+             "task.eval_size=16", "tracking.wandb_mode=disabled",
              f"hydra.run.dir={tmp_path}/node{node}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )

@@ -37,3 +37,23 @@ def nll_loss(outputs, micro_batch: dict[str, Tensor], norm: LossNorm) -> tuple[T
     mask = micro_batch["response_mask"].float()
     loss = -(logp * mask).sum() / norm.num_tokens
     return loss, {"tokens": float(mask.sum()) / norm.num_tokens}
+
+
+LONG = [(7 * i + 3) % 64 for i in range(40)]  # > one 32-token block: its KV lands in the prefix cache
+PROMPTS = [LONG, LONG[:35] + [1, 2], [5, 9, 3], [17, 2, 44, 8, 30], [60, 1], [12, 50, 33, 21, 9, 4]]
+NEW_TOKENS = 8
+
+
+def hf_greedy(weights: dict[str, Tensor], arch: str, tie: bool, prompts: list[list[int]]) -> list[list[int]]:
+    """Greedy tokens of `transformers` `generate` for tiny_spec(arch, tie) with `weights`, one prompt at a time."""
+    from rlhf_dyna.models.build import build_policy
+
+    model = build_policy(tiny_spec(arch, tie)).eval()
+    model.load_state_dict(weights)
+    out = []
+    for prompt in prompts:  # one at a time: no padding in the reference
+        ids = torch.tensor([prompt])  # explicit mask: without one HF treats every pad_token_id in the prompt as padding
+        ids = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
+                             pad_token_id=0)
+        out.append(ids[0, len(prompt):].tolist())
+    return out

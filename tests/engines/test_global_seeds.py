@@ -8,9 +8,8 @@ import pytest
 
 from rlhf_dyna.models.build import build_policy, save_hf_dir
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
-from tests.engines._common import tiny_spec
+from tests.engines._common import PROMPTS, tiny_spec
 from tests.engines._dist import run_ranks
-from tests.engines.test_weight_sync_greedy import PROMPTS
 
 
 def _slices_draw_what_the_whole_list_draws(rank: int, world: int, model_dir: str) -> None:

@@ -13,9 +13,8 @@ import torch.distributed as dist
 
 from rlhf_dyna.models.build import build_policy, save_hf_dir
 from rlhf_dyna.rollout.subset_engine import SubsetVLLMRollout
-from tests.engines._common import tiny_spec
+from tests.engines._common import NEW_TOKENS, PROMPTS, hf_greedy, tiny_spec
 from tests.engines._dist import run_ranks
-from tests.engines.test_weight_sync_greedy import NEW_TOKENS, PROMPTS, _hf_greedy
 
 
 def _children(pid: int) -> set[int]:
@@ -51,10 +50,10 @@ def _engine_on_rank0(rank: int, world: int, model_dir: str) -> None:
         engine_procs = _children(os.getpid()) - before
         assert engine_procs, "no engine process"
         greedy = [s[0].token_ids for s in engine.generate(PROMPTS, temperature=0.0, max_tokens=NEW_TOKENS)]
-        assert greedy == _hf_greedy(first.state_dict(), "llama", False, PROMPTS)
+        assert greedy == hf_greedy(first.state_dict(), "llama", False, PROMPTS)
         engine.load_weights(second.state_dict().items())  # across the process boundary, through /dev/shm
         installed = [s[0].token_ids for s in engine.generate(PROMPTS, temperature=0.0, max_tokens=NEW_TOKENS)]
-        assert installed == _hf_greedy(second.state_dict(), "llama", False, PROMPTS) and installed != greedy
+        assert installed == hf_greedy(second.state_dict(), "llama", False, PROMPTS) and installed != greedy
         shm = engine.shm_path
         engine.shutdown()
         assert not shm.exists()
@@ -96,8 +95,8 @@ def _train_set_to_rollout_rank(rank: int, world: int, model_dir: str) -> None:
     assert stats.bytes_moved == params  # rank 0 held nothing: every byte of one copy, sent once
     if rank == 0:
         greedy = [s[0].token_ids for s in rollout.generate(PROMPTS, temperature=0.0, max_tokens=NEW_TOKENS)]
-        assert greedy == _hf_greedy(everyone[1], "llama", False, PROMPTS)
-        assert greedy != _hf_greedy(initial.state_dict(), "llama", False, PROMPTS)  # the trained weights, not the initial
+        assert greedy == hf_greedy(everyone[1], "llama", False, PROMPTS)
+        assert greedy != hf_greedy(initial.state_dict(), "llama", False, PROMPTS)  # the trained weights, not the initial
         rollout.shutdown()
     dist.barrier()
 

@@ -13,7 +13,6 @@ def pp_config(**changes) -> Config:
     cfg = Config()
     cfg.model.num_hidden_layers, cfg.parallel.world_size, cfg.parallel.train.pp = 3, 4, 2
     cfg.task.prompts_per_step, cfg.rollout.n, cfg.algorithm.micro_batch_size = 32, 8, 16
-    cfg.trainer.save_last = False
     for dotted, value in changes.items():
         *path, leaf = dotted.split("__")
         obj = cfg
@@ -27,6 +26,7 @@ def test_the_recipe_settings_pass():
     assert pipeline_problems(pp_config()) == []
     assert pipeline_problems(pp_config(parallel__train__tp=2)) == []  # pp2 x tp2: DTensor TP inside the stages
     check_runs_live(pp_config())  # the pp refusal is lifted
+    assert pipeline_problems(pp_config(trainer__save_every=2, trainer__resume="auto")) == []  # DCP checkpoints of pp
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -34,7 +34,6 @@ def test_the_recipe_settings_pass():
     (dict(algorithm__micro_batch_size=48), "do not split into equal micro-batches of algorithm.micro_batch_size=48"),
     (dict(algorithm__micro_batch_size=128), "1F1B needs at least pp=2"),
     (dict(trainer__sft_warmup_steps=5, trainer__sft_batch_size=16), "trainer.sft_batch_size gives 1 micro-batch"),
-    (dict(trainer__save_last=True), "checkpoints (trainer.save_every, trainer.save_last, trainer.resume) are not wired"),
     (dict(parallel__train__pp_schedule="interleaved"), "pp_schedule='interleaved'; valid: 1F1B, GPipe"),
 ])
 def test_bad_pipeline_settings_are_refused(changes, message):

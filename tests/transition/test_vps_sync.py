@@ -1,8 +1,10 @@
-"""`sync=vps` into real in-rank vLLM: the same trained weights give the same greedy tokens and log-probs as `naive`.
+"""`sync=vps` into real in-rank vLLM: the same trained weights give the same greedy tokens and log-probs as `naive`,
+and (fp32) those are HF's greedy tokens and the train engine's log-probs.
 
 Both syncs run on the same trained engine, one after the other; the tokens before any sync must differ from the
 synced ones, so a sync that moved nothing (or the wrong shard) fails. Verification is on: every piece a rank
-receives is checksummed against its source.
+receives is checksummed against its source. A 40-token prompt fills vLLM's prefix cache with the old weights' KV
+before each sync, so a sync that left it stale would differ from HF.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import torch.distributed as dist
 from rlhf_dyna.models.build import build_policy, save_hf_dir
 from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
-from rlhf_dyna.train.engine import TrainEngine
+from rlhf_dyna.train.engine import TrainEngine, full_state_dict
 from rlhf_dyna.train.mesh import build_mesh
 from rlhf_dyna.transition.sync import make_sync
 from rlhf_dyna.transition.trace import TraceRecorder
@@ -26,11 +28,8 @@ from rlhf_dyna.transition.bind_train import train_spec
 from rlhf_dyna.transition.bind_vllm import rollout_spec
 from rlhf_dyna.transition.relayout import bind_train_state
 from rlhf_dyna.vps.spec import ParallelSpec, Phase
-from tests.engines._common import nll_loss, random_batch, tiny_spec
+from tests.engines._common import NEW_TOKENS, PROMPTS, hf_greedy, nll_loss, random_batch, tiny_spec
 from tests.engines._dist import run_ranks
-
-PROMPTS = [[(7 * i + 3) % 64 for i in range(20)], [5, 9, 3], [17, 2, 44, 8, 30], [60, 1], [12, 50, 33, 21, 9, 4]]
-NEW_TOKENS = 8
 
 
 def _generate(rollout: VLLMRollout, prompts: list[list[int]]) -> tuple[list[list[int]], torch.Tensor]:
@@ -61,7 +60,7 @@ def _vps_vs_naive(rank: int, world: int, model_dir: str, arch: str, tie: bool, r
         stale, _ = _generate(rollout, prompts)
         stats = vps.sync(engine, rollout)
         tokens, logprobs = _generate(rollout, prompts)
-        make_sync("naive").sync(engine, rollout)
+        naive = make_sync("naive").sync(engine, rollout)
         want_tokens, want_logprobs = _generate(rollout, prompts)
         assert tokens == want_tokens, {"vps": tokens, "naive": want_tokens}
         torch.testing.assert_close(logprobs, want_logprobs, atol=1e-5, rtol=1e-5)
@@ -70,7 +69,36 @@ def _vps_vs_naive(rank: int, world: int, model_dir: str, arch: str, tie: bool, r
         assert stats.rounds == vps.last.rounds >= 1
         assert stats.peak_extra_bytes >= vps.last.peak_extra_bytes
     assert len(recorder.events) == 2 * stats.rounds
+    if precision == "fp32":
+        _naive_is_hf(engine, rollout, prompts, naive, want_tokens, arch, tie, world)
     rollout.shutdown()
+
+
+def _engine_logprobs(engine: TrainEngine, prompts: list[list[int]], responses: list[list[int]]) -> list[torch.Tensor]:
+    """The train engine's log-probs of each response token, from one left-padded batch."""
+    seqs = [p + r for p, r in zip(prompts, responses)]
+    width = max(map(len, seqs))
+    ids = torch.tensor([[0] * (width - len(s)) + s for s in seqs])
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
+    logp = engine.logprobs(ids, mask)
+    return [logp[i, width - len(r):] for i, r in enumerate(responses)]
+
+
+def _naive_is_hf(engine, rollout, prompts, naive, tokens, arch: str, tie: bool, world: int) -> None:
+    """After the naive sync: vLLM's greedy tokens are HF's on the gathered weights, greedy and sampled log-probs are
+    the train engine's, and naive moved what a gather moves (each rank receives the other (W-1)/W, tensor by tensor)."""
+    full = {name: t.clone() for name, t in full_state_dict(engine)}
+    param_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())  # tied counted once
+    assert naive.rounds == len(list(engine.model.parameters()))
+    assert naive.bytes_moved == (world - 1) * param_bytes
+    assert 0 < naive.peak_extra_bytes <= param_bytes
+    assert tokens == hf_greedy(full, arch, tie, prompts), {"vllm": tokens}
+    greedy = rollout.generate(prompts, temperature=0.0, max_tokens=NEW_TOKENS)
+    sampled = rollout.generate(prompts, n=2, temperature=1.0, max_tokens=NEW_TOKENS, seed=1234)
+    for samples in (greedy, sampled):
+        flat = [(p, s) for p, group in zip(prompts, samples) for s in group]
+        for (_, sample), ref in zip(flat, _engine_logprobs(engine, [p for p, _ in flat], [s.token_ids for _, s in flat])):
+            torch.testing.assert_close(torch.tensor(sample.logprobs), ref, atol=2e-4, rtol=1e-4)
 
 
 @pytest.mark.timeout(240)

@@ -1,0 +1,32 @@
+"""Starting and supervising the ranks of a run.
+
+Outside torchrun, `spawn_ranks` (launch/spawn.py) starts `world_size` local ranks itself and supervises them; inside
+a rank (ours or torchrun's), `init_distributed` (launch/rank.py) joins the default process group. `host.py` checks
+what the machine can hold before anything starts; `shm.py` names and removes vLLM's /dev/shm segments. Only
+rank.py imports torch, on first use of its names: a launcher refuses a bad run before it pays for torch."""
+from __future__ import annotations
+
+from .host import (
+    RANKS_PER_CORE_LIMIT, LaunchError, check_capacity, free_port, local_device_kind, new_run_ident, under_torchrun,
+    usable_cores,
+)
+from .shm import SHM_DIR, clean_shm_segments, pin_vllm_shm_ident, run_segments
+from .spawn import ERROR_TAIL_LINES, TERMINATE_GRACE_S, group_members, spawn_ranks
+
+_IN_RANK = ("DistInfo", "init_distributed", "shutdown_distributed")  # launch/rank.py, imported when first asked for
+
+
+def __getattr__(name: str):
+    if name in _IN_RANK:
+        from . import rank
+
+        return getattr(rank, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "DistInfo", "ERROR_TAIL_LINES", "LaunchError", "RANKS_PER_CORE_LIMIT", "SHM_DIR", "TERMINATE_GRACE_S",
+    "check_capacity", "clean_shm_segments", "free_port", "group_members", "init_distributed", "local_device_kind",
+    "new_run_ident", "pin_vllm_shm_ident", "run_segments", "shutdown_distributed", "spawn_ranks", "under_torchrun",
+    "usable_cores",
+]

@@ -1,0 +1,90 @@
+"""The machine a run starts on: whether this process is already a launched rank, what the machine can hold (cores,
+memory, GPUs), a run's name and a free port. Imports torch only to count GPUs: the launcher checks a run before it
+pays for torch."""
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+RANKS_PER_CORE_LIMIT = 4
+
+
+class LaunchError(RuntimeError):
+    """A run that cannot start as asked; the message says what is wrong and what would work."""
+
+
+def under_torchrun() -> bool:
+    """True when this process already is a rank of a launched world (torchrun, or any launcher
+    that sets RANK/WORLD_SIZE/MASTER_ADDR, spawn_ranks included), so it must not spawn."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return True
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def local_device_kind() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def _available_memory_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise LaunchError("cannot read MemAvailable from /proc/meminfo")
+
+
+def check_capacity(world_size: int, device: str, mem_per_rank_bytes: int = 0) -> None:
+    """Refuse a local world this machine cannot hold, before anything is spawned.
+
+    For `cuda`, `world_size` counts the ranks on this node (one GPU each).
+    """
+    if world_size < 1:
+        raise LaunchError(f"world_size={world_size} is not a valid number of ranks; it must be 1 or more.")
+    if device == "cpu":
+        cores = usable_cores()
+        limit = RANKS_PER_CORE_LIMIT * cores
+        if world_size > limit:
+            raise LaunchError(
+                f"world_size={world_size} CPU ranks is more than this machine can hold: it has {cores} usable "
+                f"core(s) and at most {RANKS_PER_CORE_LIMIT} ranks per core ({limit} ranks) are allowed. "
+                f"Use world_size <= {limit}, or run under torchrun across several nodes."
+            )
+        if mem_per_rank_bytes > 0:
+            available = _available_memory_bytes()
+            if world_size * mem_per_rank_bytes > available:
+                fits = available // mem_per_rank_bytes
+                raise LaunchError(
+                    f"world_size={world_size} CPU ranks need about {world_size * mem_per_rank_bytes / 2**30:.1f} GiB "
+                    f"({mem_per_rank_bytes / 2**30:.2f} GiB each) but only {available / 2**30:.1f} GiB is available; "
+                    f"at most {fits} rank(s) fit. Use a smaller world_size or a smaller model."
+                )
+    elif device == "cuda":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if world_size > gpus:
+            raise LaunchError(
+                f"world_size={world_size} ranks on this node need one GPU each but {gpus} GPU(s) are visible "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}). Use at most {gpus} "
+                f"rank(s) per node, or spread the world over more nodes with torchrun."
+            )
+    else:
+        raise LaunchError(f"device={device!r} is not supported; use 'cpu' or 'cuda'.")
+
+
+def new_run_ident() -> str:
+    # Becomes part of /dev/shm file names: no '/' allowed, short, unique per run.
+    return f"rlhfdyna-{uuid.uuid4().hex[:12]}"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

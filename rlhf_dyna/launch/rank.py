@@ -1,0 +1,83 @@
+"""Inside a rank (ours or torchrun's, single or multi node): join the default process group from the environment."""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from types import FrameType
+
+import torch
+import torch.distributed as dist
+
+from .host import LaunchError, new_run_ident
+from .shm import clean_shm_segments, pin_vllm_shm_ident
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    backend: str
+    device: torch.device
+    run_ident: str
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise LaunchError(f"{name} is not set: start ranks with rlhf_dyna.launch.spawn_ranks or torchrun.")
+        return default
+    return int(value)
+
+
+def _agree_on_run_ident(device: torch.device) -> str:
+    ident = os.environ.get("VLLM_DIST_IDENT")
+    if ident:
+        return ident
+    # torchrun gives no per-run name every rank shares; rank 0 makes one.
+    box = [new_run_ident() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0, device=device)
+    return str(box[0])
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    sys.exit(128 + signum)  # SystemExit runs atexit, which removes this run's shm segments
+
+
+def init_distributed(timeout: timedelta | None = None) -> DistInfo:
+    """Join the default process group from the env that spawn_ranks or torchrun set."""
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise LaunchError(
+            f"{', '.join(missing)} not set: this process is not a launched rank. Start it through "
+            f"rlhf_dyna.launch.spawn_ranks (python -m rlhf_dyna) or torchrun."
+        )
+    rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
+    node_rank = _env_int("GROUP_RANK", rank // local_world_size)
+    if torch.cuda.is_available():  # CUDA tensors over NCCL; metrics and control tensors on the CPU over gloo
+        backend, device = "cpu:gloo,cuda:nccl", torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        backend, device = "gloo", torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
+    run_ident = _agree_on_run_ident(device)
+    pin_vllm_shm_ident(run_ident)
+    atexit.register(clean_shm_segments, run_ident)
+    if "TORCHELASTIC_RUN_ID" in os.environ and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    return DistInfo(rank, world_size, local_rank, local_world_size, node_rank, backend, device, run_ident)
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

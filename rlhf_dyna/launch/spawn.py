@@ -1,0 +1,199 @@
+"""The launcher outside torchrun: start `world_size` local ranks and supervise them.
+
+One failing rank or a signal to the launcher stops every rank (whole process groups), shows the failing rank's
+error and removes the run's `/dev/shm` segments."""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import IO
+
+from .host import check_capacity, free_port, local_device_kind, new_run_ident, usable_cores
+from .shm import SHM_DIR, clean_shm_segments
+
+TERMINATE_GRACE_S = 5.0
+ERROR_TAIL_LINES = 40
+_POLL_S = 0.05
+
+
+def _process_table() -> list[tuple[int, int, str]]:
+    """(pid, pgid, state) of every live process; zombies are reported with state 'Z'."""
+    table = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # comm may contain spaces and ')'
+        table.append((int(entry.name), int(fields[2]), fields[0]))
+    return table
+
+
+def group_members(pgids: set[int]) -> list[int]:
+    """PIDs, zombies excluded, whose process group is one of `pgids`."""
+    return [pid for pid, pgid, state in _process_table() if pgid in pgids and state != "Z"]
+
+
+def _mapped_shm(pids: list[int]) -> set[Path]:
+    """/dev/shm files the given processes have mapped (vLLM's psm_* message queues among them)."""
+    found = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        for line in maps.splitlines():
+            fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+            if len(fields) == 6 and fields[5].startswith(f"{SHM_DIR}/") and not fields[5].endswith(" (deleted)"):
+                found.add(Path(fields[5]))
+    return found
+
+
+def _signal_groups(pgids: set[int], sig: int) -> None:
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _stop_groups(procs: list[subprocess.Popen[bytes]], grace_s: float) -> None:
+    """SIGTERM every rank's process group, SIGKILL what is left after `grace_s`, reap the ranks."""
+    pgids = {p.pid for p in procs}
+    _signal_groups(pgids, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        for p in procs:
+            p.poll()
+        if not group_members(pgids):
+            break
+        time.sleep(_POLL_S)
+    else:
+        _signal_groups(pgids, signal.SIGKILL)
+    for p in procs:
+        p.wait()
+
+
+def _rank_env(rank: int, world_size: int, port: int, run_ident: str, extra: dict[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra or {})
+    env.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+        GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), VLLM_DIST_IDENT=run_ident,
+        VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONUNBUFFERED="1",
+    )
+    # N ranks share the cores; more threads than that only thrash.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // world_size)))
+    return env
+
+
+def _pump(stream: IO[bytes], log_path: Path, echo: bool) -> None:
+    with open(log_path, "wb") as log:
+        for line in iter(stream.readline, b""):
+            log.write(line)
+            log.flush()
+            if echo:
+                sys.stdout.buffer.write(line)
+                sys.stdout.flush()
+
+
+def _report_exit(rank: int, proc: subprocess.Popen[bytes], exits: queue.Queue[int]) -> None:
+    proc.wait()
+    exits.put(rank)
+
+
+def _tail(path: Path, lines: int) -> str:
+    with open(path, "rb") as f:
+        return b"".join(deque(f, maxlen=lines)).decode(errors="replace")
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def spawn_ranks(
+    world_size: int,
+    entry: str,
+    args: list[str],
+    run_dir: Path,
+    env: dict[str, str] | None = None,
+    grace_s: float = TERMINATE_GRACE_S,
+) -> int:
+    """Run `python -m entry *args` (or `python entry *args` for a .py path) as `world_size` local
+    ranks and supervise them; returns the exit code for the launcher (0, the failing rank's
+    code, or 130/143 after SIGINT/SIGTERM). Each rank's output goes to run_dir/rank{r}.log;
+    rank 0's is also echoed to stdout."""
+    check_capacity(world_size, local_device_kind())
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_ident = new_run_ident()
+    port = free_port()
+    command = [sys.executable, entry] if entry.endswith(".py") else [sys.executable, "-m", entry]
+
+    stop_signal: list[int] = []
+    previous_handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous_handlers[sig] = signal.signal(sig, lambda signum, frame: stop_signal.append(signum))
+
+    procs: list[subprocess.Popen[bytes]] = []
+    pumps: list[threading.Thread] = []
+    exits: queue.Queue[int] = queue.Queue()  # ranks in the order they exited: the first failure is the cause
+    try:
+        for rank in range(world_size):
+            proc = subprocess.Popen(
+                [*command, *args], env=_rank_env(rank, world_size, port, run_ident, env),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: killpg reaches vLLM's and torch's children
+            )
+            procs.append(proc)
+            pump = threading.Thread(target=_pump, args=(proc.stdout, run_dir / f"rank{rank}.log", rank == 0), daemon=True)
+            pump.start()
+            pumps.append(pump)
+            threading.Thread(target=_report_exit, args=(rank, proc, exits), daemon=True).start()
+
+        failed_rank: int | None = None
+        finished = 0
+        while not stop_signal and failed_rank is None and finished < world_size:
+            try:
+                rank = exits.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+            finished += 1
+            if procs[rank].returncode != 0:
+                failed_rank = rank
+
+        stale = _mapped_shm(group_members({p.pid for p in procs}))
+        _stop_groups(procs, grace_s)
+        for pump in pumps:
+            pump.join(timeout=grace_s)
+        clean_shm_segments(run_ident, sorted(stale))
+    finally:
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+        if any(p.poll() is None for p in procs):  # an exception of our own above: leave nothing behind
+            _stop_groups(procs, grace_s)
+            clean_shm_segments(run_ident)
+
+    if stop_signal:
+        print(f"rlhf_dyna.launch: stopped all {world_size} ranks on signal {stop_signal[0]}.", file=sys.stderr)
+        return 128 + stop_signal[0]
+    if failed_rank is not None:
+        code = _exit_code(procs[failed_rank].returncode)
+        log = run_dir / f"rank{failed_rank}.log"
+        print(
+            f"rlhf_dyna.launch: rank {failed_rank} of {world_size} failed with exit code {code}; stopped the "
+            f"other ranks. Last {ERROR_TAIL_LINES} lines of {log}:\n{_tail(log, ERROR_TAIL_LINES)}",
+            file=sys.stderr,
+        )
+        return code
+    return 0
