@@ -58,7 +58,8 @@ def _check_staged_experts(staged: dict[str, torch.Tensor], rollout: VLLMRollout,
         held = torch.arange(config.num_experts) if layer.expert_map is None else torch.nonzero(layer.expert_map >= 0).flatten()
         width, part = config.intermediate_size_per_partition, config.moe_parallel_config.tp_rank
         cols = slice(part * width, (part + 1) * width)
-        hf = prefix.replace(".experts", ".experts.gate_up_proj" if attr == "w13_weight" else ".experts.down_proj")
+        experts = prefix[: prefix.index(".experts.") + len(".experts")]  # vLLM: ...mlp.experts.routed_experts
+        hf = f"{experts}.{'gate_up_proj' if attr == 'w13_weight' else 'down_proj'}"
         full = weights[hf][held].to(dtype)
         if attr == "w13_weight":  # HF [gate; up] rows per expert -> vLLM [gate_r; up_r]
             gate, up = full.chunk(2, dim=1)
