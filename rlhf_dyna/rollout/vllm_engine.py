@@ -58,6 +58,10 @@ class VLLMRollout:
         self.dp_size = world // tp
         self.dp_rank = (dist.get_rank() if dist.is_initialized() else 0) // tp
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
+        if expert_parallel and current_platform.is_cpu():
+            from .vllm_cpu_ep import install
+
+            install()  # vLLM's CPU MoE kernel ignores the expert map (rollout/vllm_cpu_ep.py)
         self.llm = LLM(
             model=str(model_dir),
             tensor_parallel_size=tp,
