@@ -36,6 +36,7 @@ from rlhf_dyna.models.build import ModelSpec
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
 from rlhf_dyna.transition.bind_vllm import vllm_model
 from rlhf_dyna.transition.relayout import MeshCache
+from rlhf_dyna.transition.vllm_moe_cpu import owns_w13
 from rlhf_dyna.vps.plan import Plan
 
 WORLD = 4
@@ -63,7 +64,7 @@ SIZES: dict[str, ModelSpec] = {  # moe_intermediate_size / 4 a multiple of 32: v
 def live_expert_share(rollout: VLLMRollout) -> dict:
     """Independent of VPS: which experts this rank's vLLM MoE layers hold (their expert map; None: all of them) and
     their per-partition width, read from the live engine; bytes = experts x 3 x width x hidden x itemsize per layer."""
-    layers = [m for m in vllm_model(rollout).modules() if "w13_weight" in m._parameters]
+    layers = [m for m in vllm_model(rollout).modules() if owns_w13(m)]
     config = layers[0].moe_config
     expert_map = layers[0].expert_map
     held = list(range(config.num_experts)) if expert_map is None else torch.nonzero(expert_map >= 0).flatten().tolist()

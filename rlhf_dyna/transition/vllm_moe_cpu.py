@@ -22,11 +22,16 @@ def repack_installed_experts(layer: nn.Module) -> None:
         experts.process_weights_after_loading(layer)
 
 
+def owns_w13(module: nn.Module) -> bool:
+    """The module that holds an MoE layer's `w13_weight` itself (vLLM's RoutedExperts), not a wrapper above it."""
+    return any(name == "w13_weight" for name, _ in module.named_parameters(recurse=False))
+
+
 def repack_all_experts(model: nn.Module) -> int:
     """After vLLM's own `reload_weights` (the naive sync): prepack every expert layer once. Only the module that owns
     `w13_weight` is repacked (wrappers that forward `quant_method` would prepack the same bytes twice). Returns how
     many layers were repacked."""
-    owners = [m for m in model.modules() if "w13_weight" in m._parameters and cpu_moe_experts(m) is not None]
+    owners = [m for m in model.modules() if cpu_moe_experts(m) is not None and owns_w13(m)]
     for layer in owners:
         repack_installed_experts(layer)
     return len(owners)
