@@ -119,6 +119,7 @@ class RolloutConfig:
     max_new_tokens: int = 8
     kv_cache_bytes: int = 64 * 1024 * 1024  # KV cache per rank; 0 = vLLM sizes it from gpu_memory_utilization
     sync: str = "vps"  # vps (only the bytes each rollout shard needs) | naive (full tensors, by name)
+    expert_parallel: bool = False  # MoE: vLLM's enable_expert_parallel (whole experts per rank, not TP slices)
 
 
 @dataclass

@@ -22,13 +22,15 @@ class ParallelDims:
     cp: int = 1
     ep: int = 1
     rollout_tp: int = 1
+    rollout_expert_parallel: bool = False  # vLLM's MoE layers: whole experts over all rollout ranks
     master_weights: bool = False  # low-precision params with an fp32 master copy (the dry run's cluster dtype)
 
     @classmethod
     def from_config(cls, cfg: Config) -> ParallelDims:
         t, world = cfg.parallel.train, cfg.parallel.world_size
         return cls(world_size=world, dp=resolve_dp(t, world), tp=t.tp, pp=t.pp, cp=t.cp, ep=t.ep,
-                   rollout_tp=cfg.rollout.tp, master_weights=cfg.model.dtype != "float32")
+                   rollout_tp=cfg.rollout.tp, rollout_expert_parallel=cfg.rollout.expert_parallel,
+                   master_weights=cfg.model.dtype != "float32")
 
     @property
     def rollout_replicas(self) -> int:
@@ -38,7 +40,7 @@ class ParallelDims:
         return train_spec(self.dp, self.tp, self.pp, self.cp, self.ep, self.master_weights, first_rank=first_rank)
 
     def rollout_spec(self, first_rank: int = 0) -> ParallelSpec:
-        return rollout_spec(self.rollout_tp, self.rollout_replicas, first_rank)
+        return rollout_spec(self.rollout_tp, self.rollout_replicas, first_rank, self.rollout_expert_parallel)
 
     def train_mesh(self):
         """The training DeviceMesh: ("pp", "dp", "tp") with pipeline stages, ("edp", "ep", "tp") plus the flattened

@@ -217,7 +217,7 @@ LIVE_SUPPORT = ("Live runs support dense models (llama, qwen2, qwen3) trained in
 def check_runs_live(cfg: Config) -> None:
     """What the dry run plans but the live engines cannot run yet, refused before spawn."""
     t, m = cfg.parallel.train, cfg.model
-    if is_moe(cfg):  # MoE runs live at ep=1; validate_moe says what else it needs
+    if is_moe(cfg) or cfg.rollout.expert_parallel:  # MoE runs live at ep=1; validate_moe says what else it needs
         try:
             check_moe_live(cfg, on_cpu=cfg.parallel.device == "cpu" or cuda_device_count() == 0)
         except MoeConfigError as err:

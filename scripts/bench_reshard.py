@@ -43,6 +43,7 @@ from torch import Tensor
 
 from bench_report import same_fingerprint, summarize, write_report
 from rlhf_dyna.models.build import ModelSpec, make_hf_config
+from rlhf_dyna.models.meta_init import meta_policy
 from rlhf_dyna.train.engine import TrainEngine
 from bench import baselines
 from rlhf_dyna.transition.bind_train import buffer_name
@@ -85,11 +86,9 @@ SIZES: dict[str, ModelSpec] = {  # parameter counts, untied 32k-token embeddings
 
 
 def random_source(spec: ModelSpec, meshes: MeshCache, adamw_state: bool) -> TrainEngine:
-    """dp=world FSDP2 engine with random weights (and AdamW state), built shard by shard (no full model per rank)."""
-    with torch.device("meta"):
-        from transformers import LlamaForCausalLM
-
-        skeleton = LlamaForCausalLM(make_hf_config(spec))
+    """dp=world FSDP2 engine with random weights (and AdamW state), built shard by shard (no full model per rank);
+    any arch of `spec` (bench_reshard_moe.py builds Qwen3-MoE sources with it)."""
+    skeleton = meta_policy(make_hf_config(spec), torch.float32)
     engine = TrainEngine(skeleton, meshes.get(dist.get_world_size(), 1), lr=1e-4)
     engine.model.to_empty(device=engine.device)
     if adamw_state:
@@ -356,10 +355,7 @@ def estimated_bytes(params: int, transitions: list[str]) -> int:
 
 
 def count_params(spec: ModelSpec) -> int:
-    with torch.device("meta"):
-        from transformers import LlamaForCausalLM
-
-        return sum(p.numel() for p in LlamaForCausalLM(make_hf_config(spec)).parameters())
+    return sum(p.numel() for p in meta_policy(make_hf_config(spec), torch.float32).parameters())
 
 
 def main() -> None:

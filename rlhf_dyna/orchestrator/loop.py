@@ -115,6 +115,7 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
     rollout = VLLMRollout(
         str(model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
         kv_cache_bytes=cfg.rollout.kv_cache_bytes, dtype="bfloat16" if cfg.trainer.precision == "bf16" else "float32",
+        expert_parallel=cfg.rollout.expert_parallel,
     )
     bound = {"train_to_rollout": cfg.tracking.trace_syncs}
     recorder = TraceRecorder(ctx.rank, bound) if cfg.tracking.transition_trace else None

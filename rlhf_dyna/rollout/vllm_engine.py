@@ -31,6 +31,8 @@ class Sample:
 
 
 class VLLMRollout:
+    expert_parallel: bool = False  # MoE layers hold whole experts per rank (vLLM's enable_expert_parallel)
+
     def __init__(
         self,
         model_dir: str | Path,
@@ -43,6 +45,7 @@ class VLLMRollout:
         enable_prefix_caching: bool = True,
         block_size: int | None = None,
         load_format: str = "auto",  # "dummy": random weights, config.json only (benchmarks that sync real weights in)
+        expert_parallel: bool = False,  # MoE: each rank holds whole experts (vLLM's linear placement), not a TP slice
     ) -> None:
         from vllm import LLM  # deferred: importing vllm costs seconds and the trainer-only paths don't need it
         from vllm.platforms import current_platform
@@ -51,9 +54,14 @@ class VLLMRollout:
         if world % tp:
             raise ValueError(f"tp={tp} does not divide the world size {world}")
         self.tp = tp
+        self.expert_parallel = expert_parallel
         self.dp_size = world // tp
         self.dp_rank = (dist.get_rank() if dist.is_initialized() else 0) // tp
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
+        if expert_parallel and current_platform.is_cpu():
+            from .vllm_cpu_ep import install
+
+            install()  # vLLM's CPU MoE kernel ignores the expert map (rollout/vllm_cpu_ep.py)
         self.llm = LLM(
             model=str(model_dir),
             tensor_parallel_size=tp,
@@ -69,6 +77,7 @@ class VLLMRollout:
             logprobs_mode=logprobs_mode,
             enable_prefix_caching=enable_prefix_caching,
             load_format=load_format,
+            enable_expert_parallel=expert_parallel,
             **({} if block_size is None else {"block_size": block_size}),  # CPU default 128; only full blocks are prefix-cached
             worker_cls="rlhf_dyna.rollout.cpu_worker.ShmIdentCPUWorker" if current_platform.is_cpu() else "auto",
         )

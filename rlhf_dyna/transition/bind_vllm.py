@@ -23,8 +23,9 @@ from rlhf_dyna.vps.spec import ParallelSpec
 
 
 def rollout_spec(rollout: VLLMRollout) -> ParallelSpec:
-    """Our VLLMRollout runs one vLLM with data_parallel_size = world / tp: consecutive ranks form TP groups."""
-    return vps_spec.rollout_spec(rollout.tp, rollout.dp_size)
+    """Our VLLMRollout runs one vLLM with data_parallel_size = world / tp: consecutive ranks form TP groups; with
+    expert parallelism its MoE layers hold whole experts spread over all tp * dp ranks."""
+    return vps_spec.rollout_spec(rollout.tp, rollout.dp_size, expert_parallel=rollout.expert_parallel)
 
 
 def rollout_dtype(rollout: VLLMRollout) -> str:

@@ -8,13 +8,30 @@ from torch import nn
 
 
 def cpu_moe_experts(layer: nn.Module):
-    """The CPU fused-experts object of a vLLM RoutedExperts layer, or None for any other layer."""
+    """The CPU fused-experts object of a vLLM RoutedExperts layer (the portable kernel or its x86 AMX / Arm / Power
+    subclasses, which share its prepack), or None for any other layer."""
     kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
     experts = getattr(kernel, "fused_experts", None)
-    return experts if type(experts).__name__ == "CPUUnquantizedExperts" else None
+    unquantized = any(c.__name__ == "CPUUnquantizedExperts" for c in type(experts).__mro__)
+    return experts if unquantized else None
 
 
 def repack_installed_experts(layer: nn.Module) -> None:
     experts = cpu_moe_experts(layer)
     if experts is not None:
         experts.process_weights_after_loading(layer)
+
+
+def owns_w13(module: nn.Module) -> bool:
+    """The module that holds an MoE layer's `w13_weight` itself (vLLM's RoutedExperts), not a wrapper above it."""
+    return any(name == "w13_weight" for name, _ in module.named_parameters(recurse=False))
+
+
+def repack_all_experts(model: nn.Module) -> int:
+    """After vLLM's own `reload_weights` (the naive sync): prepack every expert layer once. Only the module that owns
+    `w13_weight` is repacked (wrappers that forward `quant_method` would prepack the same bytes twice). Returns how
+    many layers were repacked."""
+    owners = [m for m in model.modules() if cpu_moe_experts(m) is not None and owns_w13(m)]
+    for layer in owners:
+        repack_installed_experts(layer)
+    return len(owners)

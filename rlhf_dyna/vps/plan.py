@@ -120,6 +120,13 @@ class Plan:
         """Logical bytes of the state that the transition moves (each tensor counted once)."""
         return int(sum(int(np.prod(c.dst.shape)) * c.weight for c in self.classes))
 
+    def local_bytes_by_rank(self) -> np.ndarray:
+        """[world] bytes each rank copies from its own source shard (what it already held; no wire)."""
+        out = np.zeros(self.world_size)
+        for c in self.classes:
+            np.add.at(out, c.copy_rank, c.vol[c.copy_region] * c.weight)
+        return out
+
     def pair_bytes(self) -> np.ndarray:
         """[world, world] bytes each source rank sends to each destination rank."""
         w = self.world_size

@@ -84,6 +84,8 @@ def train_spec(dp: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, mast
                         tp_outer=tp_outer, first_rank=first_rank)
 
 
-def rollout_spec(tp: int, replicas: int, first_rank: int = 0) -> ParallelSpec:
-    """vLLM's layout: one engine with data_parallel_size=replicas, each replica a TP group of `tp` consecutive ranks."""
-    return ParallelSpec(Phase.ROLLOUT, tp=tp, vllm_dp=replicas, first_rank=first_rank)
+def rollout_spec(tp: int, replicas: int, first_rank: int = 0, expert_parallel: bool = False) -> ParallelSpec:
+    """vLLM's layout: one engine with data_parallel_size=replicas, each replica a TP group of `tp` consecutive ranks;
+    with expert_parallel (vLLM's enable_expert_parallel) MoE layers spread whole experts over all tp*replicas ranks."""
+    return ParallelSpec(Phase.ROLLOUT, tp=tp, vllm_dp=replicas, ep=tp * replicas if expert_parallel else 1,
+                        first_rank=first_rank)

@@ -89,6 +89,9 @@ def validate_rollout(spec: ParallelSpec, dims: ModelDims) -> None:
     if dims.num_experts:
         if spec.ep not in (1, moe_group):
             raise SpecError(f"ep={spec.ep}: vLLM's expert parallel spans vllm_dp*tp ranks; valid ep: 1, {moe_group}")
+        if spec.ep > dims.num_experts:  # vLLM would leave a rank without experts
+            raise SpecError(f"ep={spec.ep} exceeds num_experts={dims.num_experts}; valid ep: 1, or a rollout of at most "
+                            f"{dims.num_experts} ranks")
         if spec.ep == 1:
             require_divides("vllm_dp*tp", moe_group, "moe_intermediate_size", dims.moe_intermediate)
     elif spec.ep != 1:

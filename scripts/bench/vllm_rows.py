@@ -84,7 +84,8 @@ def repack_seconds(captured: list[dict], engine: TrainEngine, rollout: VLLMRollo
     return float(seconds)
 
 
-def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int) -> tuple[list[dict], dict, VLLMRollout]:
+def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int,
+                  expert_parallel: bool = False) -> tuple[list[dict], dict, VLLMRollout]:
     """naive once, vps_cold once, vps `repeats` times each after its paired wire probe; then the repack probe and the
     greedy checks. Records in the shape bench_report.summarize reads; floor info: pair matrix bytes and repack.
     The engine is returned alive: its shutdown destroys the default process group, so the caller gathers first."""
@@ -92,7 +93,7 @@ def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int) -
         engine.model.config.save_pretrained(model_dir)  # vLLM starts from dummy weights: only the config is needed
     dist.barrier()
     rollout = VLLMRollout(model_dir, tp=tp, seed=0, max_model_len=64, kv_cache_bytes=16 << 20, dtype="bfloat16",
-                          load_format="dummy", block_size=32)
+                          load_format="dummy", block_size=32, expert_parallel=expert_parallel)
     before = _greedy(rollout)
     records = []
     seconds, moved, rounds, peak = _timed(NaiveSync(dtype=ROLLOUT_DTYPE), engine, rollout)

@@ -4,6 +4,7 @@ and the MoE configurations that cannot run live refused before spawn."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -47,10 +48,17 @@ def _moe_cfg(**changes) -> Config:
     return cfg
 
 
-def test_moe_at_ep1_and_ep2_passes_the_live_check():
-    check_runs_live(_moe_cfg())
-    check_runs_live(_moe_cfg(train__ep=2))
-    check_runs_live(_moe_cfg(train__ep=4))
+@pytest.mark.parametrize("changes", [{}, dict(train__ep=2), dict(train__ep=4), dict(rollout__expert_parallel=True),
+                                     dict(rollout__sync="naive")])
+def test_moe_layouts_that_run_live_pass_the_live_check(changes):
+    check_runs_live(_moe_cfg(**changes))
+
+
+def test_rollout_expert_parallel_on_a_dense_model_is_refused():
+    cfg = Config()
+    cfg.rollout.expert_parallel = True
+    with pytest.raises(ConfigError, match="rollout.expert_parallel=true with model.arch=llama and no experts"):
+        check_runs_live(cfg)
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -58,11 +66,14 @@ def test_moe_at_ep1_and_ep2_passes_the_live_check():
     (dict(model__num_experts=6, train__ep=4), "parallel.train.ep=4 does not divide model.num_experts=6"),
     (dict(train__tp=2), "parallel.train.tp=2 with model.arch=qwen3_moe"),
     (dict(rollout__tp=2), "rollout.tp=2 on 4 CPU ranks gives vLLM data_parallel_size=2"),
-    (dict(rollout__sync="naive"), "rollout.sync=naive with MoE"),
-    (dict(model__moe_intermediate_size=64), "is not a multiple of 32"),
+    (dict(model__moe_intermediate_size=64), "model.moe_intermediate_size / rollout.tp = 64 / 4 is not a multiple of 32"),
+    (dict(rollout__expert_parallel=True, model__moe_intermediate_size=48),
+     "model.moe_intermediate_size = 48 is not a multiple of 32"),
+    (dict(rollout__expert_parallel=True, model__num_experts=2), "model.num_experts=2 on 4 rollout ranks"),
+    (dict(rollout__expert_parallel=True, placement__policy="lend"), "only the colocated rollout"),
 ])
 def test_moe_configs_that_cannot_run_live_are_refused(changes, message):
-    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("=", "=")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         check_runs_live(_moe_cfg(**changes))
 
 
