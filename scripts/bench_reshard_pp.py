@@ -20,7 +20,6 @@ import multiprocessing
 import os
 import shutil
 import statistics
-import sys
 import time
 import zlib
 from pathlib import Path

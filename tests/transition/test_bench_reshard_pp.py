@@ -15,7 +15,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_reshard_pp.py"
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_quick_pp_bench_moves_the_independent_count_and_beats_dcp_restart(tmp_path: Path) -> None:
+def test_quick_pp_and_ep_bench_move_the_independent_count_and_beat_dcp_restart(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "bench_reshard_pp.json").read_text())["rows"]
