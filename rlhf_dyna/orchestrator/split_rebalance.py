@@ -87,7 +87,7 @@ class SplitRebalance:
 
     def predicted_cost(self, current: int, target: int, sync_bytes_per_s: float, sync_s: float) -> float:
         """Seconds of moving current -> target: the state's planned bytes at the measured bandwidth (the last move's,
-        else the weight sync's), plus a joining engine's start and a weight sync into it."""
+        else the weight sync's transfer), plus a joining engine's start and a weight sync into it."""
         src, dst = self._spec(current), self._spec(target)
         moved = planned_bytes(self.catalog, src, dst, ALL_KINDS)
         if self.has_reference:
@@ -95,12 +95,12 @@ class SplitRebalance:
         seconds = moved / max(self.move_bytes_per_s or sync_bytes_per_s, 1.0)
         return seconds + (self.engine_start_s + sync_s if target > current else 0.0)
 
-    def _decide(self, step: int, metrics: dict) -> Decision:
+    def _decide(self, step: int, metrics: dict, transfer_s: float) -> Decision:
         times = StepTimes(self.manager.current, metrics["timing_s/gen"],
                           metrics["timing_s/prepare"] + metrics["timing_s/train_actor"], metrics[f"{SYNC}/seconds"],
                           metrics["timing_s/step"])
         self.manager.observe(times)
-        bandwidth = metrics[f"{SYNC}/bytes_moved"] / max(metrics[f"{SYNC}/seconds"], 1e-9)
+        bandwidth = metrics[f"{SYNC}/bytes_moved"] / max(transfer_s, 1e-9)  # the sync's transfer, install excluded
         current = self.manager.current
         decision = self.manager.decide(self.cfg.trainer.total_steps - step, lambda r: self.predicted_cost(
             current, r, bandwidth, metrics[f"{SYNC}/seconds"]))
@@ -110,7 +110,7 @@ class SplitRebalance:
 
     def after_step(self, step: int, state: SplitState, metrics: dict, kl_ctl) -> dict[str, float]:
         """Collective: rank 0 decides from the step's metrics; every rank carries out a move. Returns the metrics."""
-        decision = self._decide(step, metrics) if self.manager is not None else None
+        decision = self._decide(step, metrics, state.sync.transfer_seconds) if self.manager is not None else None
         box = [decision]
         dist.broadcast_object_list(box, src=0)
         decision = box[0]

@@ -237,7 +237,7 @@ def actor_config(path: str):
 
 
 def step_samples(cfg, step, rng, task, tokenizer, state: SplitState, recorder=None) -> tuple[list, float]:
-    """Collective: step `step`'s samples on every rank, and the rollout set's generate seconds."""
+    """Collective: step `step`'s samples on every rank, and the rollout set's generate seconds (its slowest rank's)."""
     ranks = state.ranks
     t0, wall = time.perf_counter(), time.time()
     prompts = task.train_prompts(step, cfg.task.prompts_per_step, rng)  # same on every rank, in step order
@@ -246,7 +246,9 @@ def step_samples(cfg, step, rng, task, tokenizer, state: SplitState, recorder=No
     seconds = time.perf_counter() - t0
     if ranks.generates:
         record_phase(recorder, "generate", step, wall, seconds, "rollout")
-    return sorted(gather_samples(local, ranks.generates), key=lambda s: s.prompt_index), seconds
+    slowest = torch.tensor([seconds if ranks.generates else 0.0], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # the phase lasts as long as its slowest engine
+    return sorted(gather_samples(local, ranks.generates), key=lambda s: s.prompt_index), float(slowest)
 
 
 def split_step(cfg, step, rng, task, tokenizer, state: SplitState, kl_ctl, ahead: tuple[list, float] | None = None,

@@ -43,6 +43,7 @@ class SubsetSync:
         self.rollout = replicated_spec(rollout_first, rollout_ranks)
         self.catalog = catalog_from_config(hf_config, dtype, dtype)
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.transfer_seconds = 0.0  # of the last sync: the executor's part
 
     def sync(self, train_engine: TrainEngine | None, rollout, recorder: TraceRecorder | None = None,
              trace_name: str = "train_to_rollout") -> SyncStats:
@@ -55,7 +56,9 @@ class SubsetSync:
             params = {k: v for k, v in bind_train_state(train_engine).items() if k[1] == Kind.PARAM.value}
             src = bind_train_buffers(params, t.src, rank, t.src_buffers)
         dst = {name: torch.empty(b.shape, dtype=TORCH_DTYPES[b.dtype]) for name, b in t.dst_buffers.items()}
+        moving = time.perf_counter()
         stats = execute(t.rank_plan, src, dst, trace=recorder, trace_name=trace_name)
+        self.transfer_seconds = time.perf_counter() - moving  # without planning and the engine's install
         if rollout is not None:
             rollout.load_weights(self._named(dst))
         moved = int(t.schedule.plan.pair_bytes().sum())
