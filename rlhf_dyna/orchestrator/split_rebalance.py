@@ -3,7 +3,8 @@ when the measured phase times say that a different split shortens the step (the 
 
 Every candidate split's meshes and groups are built by the world builder on a background thread from the start of
 the run, so a move waits only for bytes. A move (every rank takes part, the decision is rank 0's, broadcast):
-the engines of ranks that leave the rollout set shut down (their engine process and shm file go); the actor's
+the engines of ranks that leave the rollout set shut down on a background thread (their engine process and shm file
+go, joined before the rank starts an engine again and at the end of the run); the actor's
 parameters and AdamW moments, and the reference's parameters, move by VPS plan from the old train set's FSDP mesh to
 empty engines on the new one (`reshard/actor/rebalance/*`, `reshard/reference/rebalance/*`); ranks that join the
 rollout set start their tp=1 engine, and the weight sync fills it. Logged: `rebalance/rollout_ranks` every step; on a
@@ -11,6 +12,7 @@ move the predicted gain and cost, the measured seconds of each part; after it `r
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -36,6 +38,7 @@ from .placements import split_placement, split_shape
 from .split_run import SYNC, SplitRanks, SplitState, start_engine
 
 MOVE_EVENT = "rebalance"  # the whole move on the timeline; its VPS rounds are reshard/<role>/rebalance
+ENGINE_STOP_EVENT = "rebalance/engine_stop"  # a leaving engine's shutdown, in the background
 MOVES = {ACTOR: f"reshard/{ACTOR}/{MOVE_EVENT}", REFERENCE: f"reshard/{REFERENCE}/{MOVE_EVENT}"}
 
 
@@ -81,6 +84,7 @@ class SplitRebalance:
         self.model_dir = None  # set by run_split once the initial weights are written
         self.engine_start_s = 0.0  # rank 0's engine start at the beginning of the run: predicts a joining one's
         self.move_bytes_per_s: float | None = None  # measured by the last move
+        self.stopping: list[threading.Thread] = []  # engines of this rank shutting down in the background
 
     def _spec(self, rollout_ranks: int) -> ParallelSpec:
         return set_spec(rollout_ranks, self.world_size - rollout_ranks, self.tp)
@@ -137,9 +141,9 @@ class SplitRebalance:
         waited = time.perf_counter() - t0
         kl_ctl.value = old.from_trainer(kl_ctl.value)  # the adaptive coefficient lives on the train set
         stop_s = start_s = 0.0
-        if state.rollout is not None and not new.generates:  # leaves the rollout set: its memory goes to training
+        if state.rollout is not None and not new.generates:  # leaves the rollout set: its engine stops meanwhile
             t = time.perf_counter()
-            state.rollout.shutdown()
+            self._stop_in_background(state.rollout)
             state.rollout, stop_s = None, time.perf_counter() - t
         mesh = world.mesh(self.placements[target].slot(TRAIN_ACTOR, ACTOR).spec)
         src, dst = self._spec(old.rollout.size), self._spec(target)
@@ -162,6 +166,7 @@ class SplitRebalance:
         state_s = time.perf_counter() - t0 - waited - stop_s
         if new.generates and state.rollout is None:  # joins the rollout set: its engine opens the initial weights
             t = time.perf_counter()
+            self._join_stopping()  # an engine this rank stopped earlier shares the weight file's name
             state.rollout = start_engine(self.cfg, self.model_dir, self.rank)
             start_s = time.perf_counter() - t
         state.ranks = new
@@ -179,6 +184,26 @@ class SplitRebalance:
                 "rebalance/engine_start_seconds": float(slowest[1]), "rebalance/resync_seconds": sync_s,
                 "placement/build_seconds": world.build_seconds, "placement/wait_seconds": waited}
 
+    def _stop_in_background(self, rollout) -> None:
+        """Shut a leaving engine down on a thread: vLLM's shutdown waits seconds for its processes to exit, which the
+        move need not wait for on the CPU (on a GPU the train engine would want its memory first: join before)."""
+        def stop() -> None:
+            wall, t = time.time(), time.perf_counter()
+            rollout.shutdown()  # local: its engine process and its shm file
+            if self.recorder is not None:
+                self.recorder.add(ENGINE_STOP_EVENT, 0, wall, time.perf_counter() - t, {})
+
+        thread = threading.Thread(target=stop, name="rlhf_dyna-engine-stop")
+        thread.start()
+        self.stopping.append(thread)
+
+    def _join_stopping(self) -> None:
+        for thread in self.stopping:
+            thread.join(timeout=120)
+        self.stopping.clear()
+
     def close(self) -> None:
+        """Local: every engine this rank stopped is gone, the builder thread has ended."""
+        self._join_stopping()
         self.builder.join(timeout=60)
 
