@@ -50,7 +50,8 @@ def summary(rows: list[dict]) -> dict:
         total = sum(r["timing_s/step"] + r.get("rebalance/transition_seconds", 0.0) for r in steps)
         out["moves"] = [{
             "after_step": r["step"], "from_rollout_ranks": r["rebalance/from_rollout_ranks"],
-            "to_rollout_ranks": r["rebalance/rollout_ranks"], "predicted_gain_s_per_step": r["rebalance/predicted_gain_s"],
+            "to_rollout_ranks": r["rebalance/rollout_ranks"],
+            "predicted_gain_s_per_step": r["rebalance/predicted_gain_s"],
             "predicted_cost_s": r["rebalance/predicted_cost_s"], "transition_s": r["rebalance/transition_seconds"],
             "share_of_its_step": r["rebalance/transition_share"],
             "amortized_share_of_run": r["rebalance/transition_seconds"] / total,
@@ -81,8 +82,9 @@ def main() -> None:
                      f"{100 * s['worst_single_change_share']:.1f}%), build {s['build_s']:.3f} s, wait {s['max_wait_s']:.4f} s")
         for m in s.get("moves", []):
             line += (f"\n  rebalance after step {m['after_step']}: {m['from_rollout_ranks']:.0f} -> "
-                     f"{m['to_rollout_ranks']:.0f} rollout ranks, predicted {m['predicted_gain_s_per_step']:.3f} s/step "
-                     f"for {m['predicted_cost_s']:.3f} s; took {m['transition_s']:.3f} s ({100 * m['share_of_its_step']:.1f}% "
+                     f"{m['to_rollout_ranks']:.0f} rollout ranks, predicted "
+                     f"{m['predicted_gain_s_per_step']:.3f} s/step for {m['predicted_cost_s']:.3f} s; took "
+                     f"{m['transition_s']:.3f} s ({100 * m['share_of_its_step']:.1f}% "
                      f"of its step, {100 * m['amortized_share_of_run']:.2f}% of the run); measured gain "
                      f"{s['measured_gain_s']}")
         print(line)

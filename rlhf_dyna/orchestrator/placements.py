@@ -77,9 +77,10 @@ def check_rebalance(cfg: Config) -> None:
     valid, invalid = split_candidates(split_shape(cfg))
     if len(valid) < 2:
         world = cfg.parallel.world_size
+        runs = ", ".join(f"{r}+{world - r}" for r in valid) or "none"
         raise ConfigError(
             f"placement.rebalance=true: no second split of the {world} ranks runs this config, so there is "
-            f"nothing to re-balance to. Valid rollout+train splits: {', '.join(f'{r}+{world - r}' for r in valid) or 'none'}; "
+            f"nothing to re-balance to. Valid rollout+train splits: {runs}; "
             f"tried and invalid: {describe_invalid(invalid, world)}. Change task.prompts_per_step / rollout.n / "
             "algorithm.mini_batches (e.g. task.prompts_per_step=12 on 4 ranks), or placement.rebalance=false.")
 

@@ -155,9 +155,9 @@ class SplitRebalance:
             destination = empty_engine(self.cfg, self.hf_config, mesh, trainable) if new.trains else None
             stats = move_role_state(source, destination, src, dst, catalog=self.catalog, recorder=self.recorder,
                                     trace_name=MOVES[role])
-            metrics.update({f"{MOVES[role]}/seconds": stats.seconds, f"{MOVES[role]}/bytes_moved": float(stats.bytes_moved),
-                            f"{MOVES[role]}/rounds": float(stats.rounds),
-                            f"{MOVES[role]}/peak_extra_bytes": float(stats.peak_extra_bytes)})
+            name = MOVES[role]
+            metrics.update({f"{name}/seconds": stats.seconds, f"{name}/bytes_moved": float(stats.bytes_moved),
+                            f"{name}/rounds": float(stats.rounds), f"{name}/peak_extra_bytes": float(stats.peak_extra_bytes)})
             moved += stats.bytes_moved
             if role == ACTOR:
                 state.actor = destination

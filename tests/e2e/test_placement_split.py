@@ -129,7 +129,8 @@ def test_unbalanced_split_rebalances_and_logs_what_colocate_logs(tmp_path, coloc
     moved = [e for e in events if e["name"] == "rebalance"]
     assert sorted(e["pid"] for e in moved if e["args"]["from"] == 3) == [0, 1, 2, 3]  # every rank took part
     assert 3 in {e["pid"] for e in events if e["name"] == "reshard/actor/rebalance"}  # the train rank sent its state
-    served = {(e["pid"], e["name"], e["args"]["roles"]) for e in events if e["cat"] == "phase" and e["args"]["step"] == 1}
+    served = {(e["pid"], e["name"], e["args"]["roles"]) for e in events
+              if e["cat"] == "phase" and e["args"]["step"] == 1}
     assert (0, "phase/generate", "rollout") in served and (3, "phase/train_actor", "actor") in served
     assert not any(p == 3 and n == "phase/generate" for p, n, _ in served)  # step 1: rank 3 only trained
     assert any(e["name"] == SYNC for e in events)  # the weight syncs' rounds
