@@ -161,7 +161,9 @@ class PlacementConfig:
     rollout_ranks: int = 0  # split: ranks that generate; 0 = half the world
     train_ranks: int = 0  # split: ranks that train (0 = the rest); lend: the actor's share (0 = half)
     roles: dict[str, list[int]] = field(default_factory=dict)  # explicit sets: +placement.roles.rollout=[0,2]
-    rebalance: bool = False  # move devices between generation and training from measured phase times
+    rebalance: bool = False  # split: move devices between generation and training from measured phase times
+    rebalance_margin: float = 0.1  # move only if the predicted saving beats the move's cost + this share of the step
+    rebalance_every: int = 2  # steps measured on a split before the next re-balancing decision
 
 
 @dataclass

@@ -1,9 +1,12 @@
 """Config -> placement: the roles a run has, its layouts, and the policy's `Placement` (checked before spawn)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..config import Config
 from ..elastic.placement import ACTOR, CRITIC, REFERENCE, ROLES, ROLLOUT, Placement, RankSet, changes, weight_sync
 from ..elastic.policies import PolicyRequest, TrainLayout, make_placement
+from ..elastic.rebalance import SplitShape, describe_invalid, split_candidates
 from ..elastic.validate import PlacementError
 from ..validate import ConfigError
 
@@ -44,11 +47,49 @@ def placement_of(cfg: Config) -> Placement:
         raise ConfigError(str(err)) from err
 
 
+def split_placement(cfg: Config, rollout_ranks: int) -> Placement:
+    """The split of the world into `rollout_ranks` rollout ranks from rank 0 and the rest training (rebalancing)."""
+    return make_placement(replace(placement_request(cfg), rollout_ranks=rollout_ranks, train_ranks=0, explicit=()))
+
+
+def split_shape(cfg: Config) -> SplitShape:
+    t = cfg.parallel.train
+    return SplitShape(cfg.parallel.world_size, cfg.task.prompts_per_step, cfg.task.prompts_per_step * cfg.rollout.n,
+                      cfg.algorithm.mini_batches, cfg.rollout.tp, t.tp * t.pp * t.cp)
+
+
+def check_rebalance(cfg: Config) -> None:
+    """placement.rebalance=true: split only, sets it may choose itself, and a second split to move to."""
+    p = cfg.placement
+    if p.policy != "split":
+        raise ConfigError(
+            f"placement.rebalance=true with placement={p.policy}: re-balancing moves devices between the rollout set "
+            "and the train set of placement=split; use placement=split, or placement.rebalance=false.")
+    if p.roles or p.train_ranks:
+        given = "placement.roles" if p.roles else f"placement.train_ranks={p.train_ranks}"
+        raise ConfigError(
+            f"placement.rebalance=true with {given}: re-balancing chooses the sets itself (rollout from rank 0, "
+            "training on the rest); give only the starting placement.rollout_ranks.")
+    if p.rebalance_margin < 0 or p.rebalance_every < 1:
+        raise ConfigError(
+            f"placement.rebalance_margin={p.rebalance_margin}, placement.rebalance_every={p.rebalance_every}: the "
+            "margin is a fraction of the step >= 0 (e.g. 0.1) and decisions come every >= 1 steps.")
+    valid, invalid = split_candidates(split_shape(cfg))
+    if len(valid) < 2:
+        world = cfg.parallel.world_size
+        runs = ", ".join(f"{r}+{world - r}" for r in valid) or "none"
+        raise ConfigError(
+            f"placement.rebalance=true: no second split of the {world} ranks runs this config, so there is "
+            f"nothing to re-balance to. Valid rollout+train splits: {runs}; "
+            f"tried and invalid: {describe_invalid(invalid, world)}. Change task.prompts_per_step / rollout.n / "
+            "algorithm.mini_batches (e.g. task.prompts_per_step=12 on 4 ranks), or placement.rebalance=false.")
+
+
 def check_placement_config(cfg: Config) -> Placement:
     """Refusals of the placement group, before spawn."""
     p = cfg.placement
     if p.rebalance:
-        raise ConfigError("placement.rebalance=true: automatic re-balancing is not implemented yet; leave it false.")
+        check_rebalance(cfg)
     placement = placement_of(cfg)
     rollout = placement.slot("generate", ROLLOUT).ranks
     replicas = rollout.size // cfg.rollout.tp
@@ -101,3 +142,10 @@ def check_split_live(cfg: Config, rollout: RankSet) -> None:
         raise ConfigError(
             f"placement=split runs live with generation on {rollout.describe()} and training on the other ranks, "
             f"but not with: {'; '.join(wrong)}. Change those settings, or use placement=colocate.")
+    valid, invalid = split_candidates(split_shape(cfg))
+    if not p.roles and rollout.size in invalid:  # e.g. the step's rows do not shard over the train set's dp
+        world = cfg.parallel.world_size
+        raise ConfigError(
+            f"placement=split with {rollout.size} rollout + {world - rollout.size} train ranks cannot run a step: "
+            f"{invalid[rollout.size]}. Splits that can: {', '.join(f'{r}+{world - r}' for r in valid) or 'none'} "
+            "(placement.rollout_ranks).")

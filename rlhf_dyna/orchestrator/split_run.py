@@ -6,12 +6,14 @@ the train set only. One step: the rollout set generates (global prompt indices s
 those of any other placement), every rank receives the samples (one all_gather), the train set prepares and trains,
 and the trained weights cross to the rollout set by a VPS plan (transition.subset_sync.SubsetSync), logged as
 `reshard/actor/train_actor_to_generate/*`. Ranks with nothing to do in a phase wait in the next collective.
+With placement.rebalance=true the sets change size between steps (orchestrator/split_rebalance). Each rank records
+the phases it served and the transitions' rounds (transition_trace.json, timeline.png).
 """
 from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -24,27 +26,31 @@ from ..elastic.placement import ACTOR, GENERATE, ROLLOUT, TRAIN_ACTOR, RankSet
 from ..models.build import make_hf_config, save_hf_dir
 from ..rollout.subset_engine import SubsetVLLMRollout
 from ..tasks.hf_tokenizer import build_tokenizer
+from ..tracking.timeline import PHASE_PREFIX, TIMELINE_FILE, write_timeline_png
 from ..tracking.tracker import Tracker
-from ..train.engine import full_state_dict
+from ..train.engine import TrainEngine, full_state_dict
 from ..train.mesh import build_mesh
 from ..transition.role_move import set_spec
 from ..transition.subset_sync import SubsetSync
+from ..transition.trace import TraceRecorder, gather_trace, write_chrome_trace
 from .advantages import compute_advantages
 from .batch import gather_samples, pack, rank_rows
 from .objectives import actor_loss
 from .phases import generate, reward_part_means, supervised_warmup
-from .placements import placement_of
+from .placements import placement_of, split_placement
 from .setup import RankContext, build_actor, build_reference, build_task, model_source, seed_everything
 from .step_metrics import rollout_metrics
 
 SYNC = f"reshard/{ACTOR}/{TRAIN_ACTOR}_to_{GENERATE}"  # the actor's weights, train set -> rollout set, every step
+TRACE_FILE = "transition_trace.json"
 
 
 class SplitRanks:
     """Who this rank is under the split placement: its set, and its contexts for generating and training."""
 
-    def __init__(self, cfg: Config) -> None:
-        placement = placement_of(cfg)
+    def __init__(self, cfg: Config, rollout_ranks: int | None = None) -> None:
+        """`rollout_ranks`: a split other than the config's (rebalancing); its train set is the rest of the world."""
+        placement = placement_of(cfg) if rollout_ranks is None else split_placement(cfg, rollout_ranks)
         self.rollout: RankSet = placement.slot(GENERATE, ROLLOUT).ranks  # type: ignore[assignment]
         self.train: RankSet = placement.slot(TRAIN_ACTOR, ACTOR).ranks  # type: ignore[assignment]
         self.rank, tp = dist.get_rank(), cfg.parallel.train.tp
@@ -52,6 +58,10 @@ class SplitRanks:
         # one tp=1 replica per rollout rank; the train context is the train set's (dp, tp), ranks counted from its first
         self.gen_ctx = RankContext(self.rank - self.rollout.first, self.rollout.size, 1, 1, 1)
         self.train_ctx = RankContext(self.rank - self.train.first, self.train.size, self.train.size // tp, tp, 1)
+
+    @property
+    def roles(self) -> str:
+        return "rollout" if self.generates else "actor, reference"
 
     def from_trainer(self, value):
         """Collective: the train set's first rank's `value` on every rank."""
@@ -92,18 +102,52 @@ def initial_model_dir(cfg, source, actor, tokenizer, out_dir: Path, ranks: Split
     return model_dir
 
 
-def train_step(cfg, step, samples, tokenizer, ranks, actor, ref, kl_ctl) -> dict[str, float]:
+@dataclass
+class SplitState:
+    """This rank's part of a split run: who it is, its engines (None where it holds none), the weight sync. A
+    rebalance (orchestrator/split_rebalance) replaces all of them."""
+
+    ranks: SplitRanks
+    actor: TrainEngine | None
+    ref: TrainEngine | None
+    rollout: SubsetVLLMRollout | None
+    sync: SubsetSync
+
+    def sync_weights(self, recorder: TraceRecorder | None = None):
+        """Collective: the actor's weights, train set -> every engine of the rollout set."""
+        return self.sync.sync(self.actor, self.rollout, recorder, SYNC)
+
+
+def record_phase(recorder: TraceRecorder | None, phase: str, step: int, wall: float, seconds: float,
+                 roles: str) -> None:
+    """One phase this rank served, at its real time (the sets work at different times), for the timeline."""
+    if recorder is not None:
+        recorder.add(PHASE_PREFIX + phase, 0, wall, seconds, {"step": step, "roles": roles})
+
+
+def start_engine(cfg: Config, model_dir: Path, rank: int) -> SubsetVLLMRollout:
+    """This rank's tp=1 engine (core in its own process), opened on the run's initial weights."""
+    return SubsetVLLMRollout(model_dir, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
+                             kv_cache_bytes=cfg.rollout.kv_cache_bytes, rank=rank,
+                             dtype="bfloat16" if cfg.trainer.precision == "bf16" else "float32")
+
+
+def train_step(cfg, step, samples, tokenizer, state: SplitState, kl_ctl, recorder=None) -> dict[str, float]:
     """On the train set: prepare (log-probs, advantages) and train the actor on its rows of the step."""
     from .loop import kl_metrics_and_update, train_on  # the loop imports this module
 
-    alg, t1 = cfg.algorithm, time.perf_counter()
+    ranks, actor, ref = state.ranks, state.actor, state.ref
+    alg, t1, wall = cfg.algorithm, time.perf_counter(), time.time()
     batch = rank_rows(pack(samples, tokenizer.pad_id), ranks.train_ctx.dp_rank, ranks.train_ctx.dp, alg.mini_batches)
     metrics = compute_advantages(cfg, batch, samples, ranks.train_ctx, actor, ref, None, kl_ctl.value)
     t2 = time.perf_counter()
+    record_phase(recorder, "prepare", step, wall, t2 - t1, "actor, reference" if ref is not None else "actor")
+    wall = time.time()
     trained = train_on(actor, batch, actor_loss(alg, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
                                                 kl_ctl.value), alg)
     metrics.update({f"actor/{k}": v for k, v in trained.items() if k != "loss"},
                    **{"timing_s/prepare": t2 - t1, "timing_s/train_actor": time.perf_counter() - t2})
+    record_phase(recorder, "train_actor", step, wall, metrics["timing_s/train_actor"], "actor")
     metrics["timing_s/train"] = metrics["timing_s/train_actor"]
     if ref is not None:
         metrics.update(kl_metrics_and_update(metrics, batch, actor, kl_ctl, len(samples)))
@@ -119,20 +163,26 @@ def sync_metrics(stats, step_seconds: float) -> dict[str, float]:
 
 def run_split(cfg: Config, out_dir: Path, dist_info) -> None:
     """The whole run of one rank under placement=split (checked before spawn: no resume, checkpoints or export)."""
+    from .split_rebalance import SplitRebalance  # it imports this module
+
     seed_everything(cfg.trainer.seed)
     ranks = SplitRanks(cfg)
     tokenizer = build_tokenizer(cfg.model.path)
     task, source = build_task(cfg, tokenizer), model_source(cfg.model, tokenizer)
+    hf_config = make_hf_config(source) if not isinstance(source, str) else actor_config(source)
     mesh = build_mesh(ranks.train_ctx.dp, ranks.train_ctx.tp, first_rank=ranks.train.first)  # collective: all ranks
+    recorder = TraceRecorder(ranks.rank, {SYNC: cfg.tracking.trace_syncs}) if cfg.tracking.transition_trace else None
+    # [rebalance] every candidate split's groups and meshes build in the background from here on
+    rebalance = SplitRebalance(cfg, ranks, mesh, hf_config, recorder) if cfg.placement.rebalance else None
     actor = build_actor(cfg, source, ranks.train_ctx, mesh=mesh) if ranks.trains else None
     model_dir = initial_model_dir(cfg, source, actor, tokenizer, out_dir, ranks)
-    dtype = "bfloat16" if cfg.trainer.precision == "bf16" else "float32"
-    rollout = SubsetVLLMRollout(model_dir, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
-                                kv_cache_bytes=cfg.rollout.kv_cache_bytes, dtype=dtype,
-                                rank=ranks.rank) if ranks.generates else None
-    sync = SubsetSync(make_hf_config(source) if not isinstance(source, str) else actor_config(source),
-                      set_spec(ranks.train.first, ranks.train.size, ranks.train_ctx.tp), ranks.rollout.first,
-                      ranks.rollout.size)
+    started = time.perf_counter()
+    rollout = start_engine(cfg, model_dir, ranks.rank) if ranks.generates else None
+    if rebalance is not None:  # rank 0 always generates: its engine's start predicts the start of a joining one
+        rebalance.model_dir, rebalance.engine_start_s = model_dir, time.perf_counter() - started
+    state = SplitState(ranks, actor, None, rollout, SubsetSync(
+        hf_config, set_spec(ranks.train.first, ranks.train.size, ranks.train_ctx.tp), ranks.rollout.first,
+        ranks.rollout.size))
     tracker = None
     if ranks.rank == 0:
         run_config = OmegaConf.to_container(OmegaConf.structured(cfg))
@@ -140,32 +190,45 @@ def run_split(cfg: Config, out_dir: Path, dist_info) -> None:
     try:
         warmup = {}
         if cfg.trainer.sft_warmup_steps > 0:
-            warmup = split_evaluate(cfg, rollout, task, tokenizer, ranks, prefix="pre_warmup")
+            warmup = split_evaluate(cfg, state.rollout, task, tokenizer, ranks, prefix="pre_warmup")
             sft = supervised_warmup(cfg, actor, task, tokenizer, ranks.train_ctx) if ranks.trains else {}
             warmup.update(ranks.from_trainer(sft))
-        ref = build_reference(cfg, source, actor) if cfg.algorithm.kl_coef > 0 and ranks.trains else None
+        state.ref = build_reference(cfg, source, actor) if cfg.algorithm.kl_coef > 0 and ranks.trains else None
         rng, alg = random.Random(cfg.trainer.seed + 1), cfg.algorithm
         kl_ctl = make_kl_controller(alg.kl_ctrl, alg.kl_coef, alg.kl_target, alg.kl_horizon)
-        sync.sync(actor, rollout)  # the engines generate with the warmed-up weights
+        state.sync_weights()  # the engines generate with the warmed-up weights
+        evaluated = split_evaluate(cfg, state.rollout, task, tokenizer, ranks)
         if tracker:
-            tracker.log(0, {**warmup, **split_evaluate(cfg, rollout, task, tokenizer, ranks)})
-        else:
-            split_evaluate(cfg, rollout, task, tokenizer, ranks)
+            tracker.log(0, {**warmup, **evaluated})
         stale = cfg.placement.max_staleness
-        ahead = step_samples(cfg, 1, rng, task, tokenizer, ranks, rollout) if stale else None  # one step ahead
+        ahead = step_samples(cfg, 1, rng, task, tokenizer, state, recorder) if stale else None  # one step ahead
         for step in range(1, cfg.trainer.total_steps + 1):
-            metrics = split_step(cfg, step, rng, task, tokenizer, ranks, actor, ref, rollout, sync, kl_ctl,
-                                 ahead if stale else None)
+            metrics = split_step(cfg, step, rng, task, tokenizer, state, kl_ctl, ahead if stale else None, recorder)
             ahead = metrics.pop("_ahead", None)
+            if rebalance is not None:  # [rebalance] between steps: maybe move devices between the sets
+                metrics.update(rebalance.after_step(step, state, metrics, kl_ctl))
             if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
-                metrics.update(split_evaluate(cfg, rollout, task, tokenizer, ranks))
+                metrics.update(split_evaluate(cfg, state.rollout, task, tokenizer, state.ranks))
             if tracker:
                 tracker.log(step, metrics)
+        if recorder is not None:  # collective, so not in `finally`: after one rank fails the others would wait forever
+            write_trace(cfg, out_dir, recorder)
     finally:
         if tracker:
             tracker.close()
-        if rollout is not None:  # local: stops the engine process and removes its shm file
-            rollout.shutdown()
+        if rebalance is not None:
+            rebalance.close()
+        if state.rollout is not None:  # local: stops the engine process and removes its shm file
+            state.rollout.shutdown()
+
+
+def write_trace(cfg: Config, out_dir: Path, recorder: TraceRecorder) -> None:
+    """Collective: every rank's phases and transition rounds -> transition_trace.json and timeline.png (rank 0)."""
+    events = gather_trace(recorder)
+    if dist.get_rank() == 0:
+        write_chrome_trace(events, out_dir / TRACE_FILE)
+        title = f"{cfg.recipe}: placement=split" + (", rebalance" if cfg.placement.rebalance else "")
+        write_timeline_png(events, out_dir / TIMELINE_FILE, title=f"{title}: phases and transitions")
 
 
 def actor_config(path: str):
@@ -173,31 +236,36 @@ def actor_config(path: str):
     return checkpoint_config(path)
 
 
-def step_samples(cfg, step, rng, task, tokenizer, ranks: SplitRanks, rollout) -> tuple[list, float]:
-    """Collective: step `step`'s samples on every rank, and the rollout set's generate seconds."""
-    t0 = time.perf_counter()
+def step_samples(cfg, step, rng, task, tokenizer, state: SplitState, recorder=None) -> tuple[list, float]:
+    """Collective: step `step`'s samples on every rank, and the rollout set's generate seconds (its slowest rank's)."""
+    ranks = state.ranks
+    t0, wall = time.perf_counter(), time.time()
     prompts = task.train_prompts(step, cfg.task.prompts_per_step, rng)  # same on every rank, in step order
     seed = cfg.trainer.seed * 1_000_003 + step * 10_007
-    local = generate(cfg, rollout, task, tokenizer, prompts, ranks.gen_ctx, seed=seed) if ranks.generates else []
+    local = generate(cfg, state.rollout, task, tokenizer, prompts, ranks.gen_ctx, seed=seed) if ranks.generates else []
     seconds = time.perf_counter() - t0
-    return sorted(gather_samples(local, ranks.generates), key=lambda s: s.prompt_index), seconds
+    if ranks.generates:
+        record_phase(recorder, "generate", step, wall, seconds, "rollout")
+    slowest = torch.tensor([seconds if ranks.generates else 0.0], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # the phase lasts as long as its slowest engine
+    return sorted(gather_samples(local, ranks.generates), key=lambda s: s.prompt_index), float(slowest)
 
 
-def split_step(cfg, step, rng, task, tokenizer, ranks: SplitRanks, actor, ref, rollout, sync, kl_ctl,
-               ahead: tuple[list, float] | None = None) -> dict:
+def split_step(cfg, step, rng, task, tokenizer, state: SplitState, kl_ctl, ahead: tuple[list, float] | None = None,
+               recorder: TraceRecorder | None = None) -> dict:
     """Collective. One step; the metrics on every rank (only rank 0 logs them). With `ahead` (max_staleness=1) the
     step trains on samples generated one weight version ago, while the rollout set generates the next step's; the
     next samples come back under the key "_ahead"."""
-    t0, last = time.perf_counter(), step == cfg.trainer.total_steps
+    t0, last, ranks = time.perf_counter(), step == cfg.trainer.total_steps, state.ranks
     if ahead is None:
-        (samples, gen_seconds), following = step_samples(cfg, step, rng, task, tokenizer, ranks, rollout), None
+        (samples, gen_seconds), following = step_samples(cfg, step, rng, task, tokenizer, state, recorder), None
     else:
         samples, gen_seconds = ahead
-    trained = train_step(cfg, step, samples, tokenizer, ranks, actor, ref, kl_ctl) if ranks.trains else {}
+    trained = train_step(cfg, step, samples, tokenizer, state, kl_ctl, recorder) if ranks.trains else {}
     if ahead is not None:  # the rollout ranks generate step k+1 while the train ranks train step k; both meet here
-        following = None if last else step_samples(cfg, step + 1, rng, task, tokenizer, ranks, rollout)
+        following = None if last else step_samples(cfg, step + 1, rng, task, tokenizer, state, recorder)
     dist.barrier()  # the rollout set waits here while the train set trains, so the sync's time below is its own
-    stats = sync.sync(actor, rollout)  # rank 0's (a rollout rank) time includes installing into its engine
+    stats = state.sync_weights(recorder)  # rank 0's (a rollout rank) time includes installing into its engine
     trained = ranks.from_trainer(trained)
     step_seconds = time.perf_counter() - t0
     rewards = torch.tensor([s.reward for s in samples])

@@ -20,6 +20,7 @@ from rlhf_dyna.transition.bind_train import bind_train_buffers
 from rlhf_dyna.transition.executor import execute
 from rlhf_dyna.transition.relayout import bind_train_state
 from rlhf_dyna.transition.sync import SyncStats
+from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
 from rlhf_dyna.vps.spec import ParallelSpec, Phase
@@ -42,9 +43,12 @@ class SubsetSync:
         self.rollout = replicated_spec(rollout_first, rollout_ranks)
         self.catalog = catalog_from_config(hf_config, dtype, dtype)
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.transfer_seconds = 0.0  # of the last sync: the executor's part
 
-    def sync(self, train_engine: TrainEngine | None, rollout) -> SyncStats:
-        """`train_engine` on ranks of the training set, `rollout` (SubsetVLLMRollout) on ranks of the rollout set."""
+    def sync(self, train_engine: TrainEngine | None, rollout, recorder: TraceRecorder | None = None,
+             trace_name: str = "train_to_rollout") -> SyncStats:
+        """`train_engine` on ranks of the training set, `rollout` (SubsetVLLMRollout) on ranks of the rollout set;
+        with a recorder, each round is a trace event named `trace_name`."""
         start, rank = time.perf_counter(), dist.get_rank()
         t = planned(self.catalog, self.train, self.catalog, self.rollout, (Kind.PARAM,), self.budget_bytes, rank)
         src = {}
@@ -52,7 +56,9 @@ class SubsetSync:
             params = {k: v for k, v in bind_train_state(train_engine).items() if k[1] == Kind.PARAM.value}
             src = bind_train_buffers(params, t.src, rank, t.src_buffers)
         dst = {name: torch.empty(b.shape, dtype=TORCH_DTYPES[b.dtype]) for name, b in t.dst_buffers.items()}
-        stats = execute(t.rank_plan, src, dst)
+        moving = time.perf_counter()
+        stats = execute(t.rank_plan, src, dst, trace=recorder, trace_name=trace_name)
+        self.transfer_seconds = time.perf_counter() - moving  # without planning and the engine's install
         if rollout is not None:
             rollout.load_weights(self._named(dst))
         moved = int(t.schedule.plan.pair_bytes().sum())

@@ -4,9 +4,16 @@ their own processes on ranks 0-1, FSDP2 training of the actor and its reference 
 A placement never changes results, only time: with the same seed, split logs the same losses, rewards and eval
 accuracy as colocate (fp32, relative difference < 1e-5). The samples agree because sampling seeds are global prompt
 indices; the weights the rollout set generates with arrive by a VPS plan every step, so a stale or wrong sync would
-change the rewards of the next step. No engine process outlives the run and no weight file stays in /dev/shm."""
+change the rewards of the next step. No engine process outlives the run and no weight file stays in /dev/shm.
+
+placement.rebalance=true starts a run deliberately unbalanced (3 rollout ranks, 1 train rank, which trains every row
+of the step) and the manager moves ranks from generation to training after a measured step (3+1 -> 2+2 or 1+3: ranks
+leave the rollout set, so no engine has to start): one VPS move of the actor's parameters and AdamW moments and of the
+reference's parameters. That run, too, logs what colocate logs, and its trace and timeline show the move. The
+colocate run is shared by both comparisons (module fixture)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,12 +25,15 @@ import pytest
 from tests.e2e.test_placement_lend import assert_same_metrics
 from tests.e2e.test_recipes import read_metrics
 
-GRPO4 = [
+GRPO4 = [  # 12 prompts and 12 eval examples divide over 1, 2, 3 and 4 rollout ranks; 48 rows over dp 1, 2, 3 and 4
     "recipe=grpo_tiny", "parallel.world_size=4", "trainer.sft_warmup_steps=30", "trainer.precision=fp32",
-    "task.prompts_per_step=8", "rollout.n=4", "task.partial_credit=true", "task.eval_size=16", "task.eval_every=2",
-    "trainer.total_steps=3", "algorithm.mini_batches=2", "algorithm.kl_coef=0.02", "trainer.save_last=false",
-    "trainer.export_policy=false", "tracking.wandb_mode=disabled",
+    "task.prompts_per_step=12", "rollout.n=4", "task.partial_credit=true", "task.eval_size=12", "task.eval_every=2",
+    "trainer.total_steps=3", "algorithm.mini_batches=2", "algorithm.epochs=2", "algorithm.micro_batch_size=4",
+    "algorithm.kl_coef=0.02",
+    "trainer.save_last=false", "trainer.export_policy=false", "tracking.wandb_mode=disabled",
 ]
+REBALANCE = ["placement=split", "placement.max_staleness=0", "placement.rollout_ranks=3", "placement.rebalance=true",
+             "placement.rebalance_every=1", "placement.rebalance_margin=0.05"]
 SYNC = "reshard/actor/train_actor_to_generate"
 MARK = "RLHF_DYNA_TEST_RUN"  # inherited by every rank and engine process of the run: finds orphans by environment
 
@@ -51,17 +61,29 @@ def run(run_dir: Path, *args: str) -> list[dict]:
     return read_metrics(run_dir)
 
 
+def kill_marked(run_dir: Path) -> None:
+    for pid in with_mark(str(run_dir)):  # a timeout kills only the launcher
+        os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes(tmp_path):
     yield
-    for name in ("colocate", "split"):  # a timeout kills only the launcher
-        for pid in with_mark(str(tmp_path / name)):
-            os.kill(pid, signal.SIGKILL)
+    for name in ("split", "rebalance"):
+        kill_marked(tmp_path / name)
+
+
+@pytest.fixture(scope="module")
+def colocate(tmp_path_factory) -> list[dict]:
+    run_dir = tmp_path_factory.mktemp("shared") / "colocate"
+    try:
+        yield run(run_dir, *GRPO4)
+    finally:
+        kill_marked(run_dir)
 
 
 @pytest.mark.timeout(900)
-def test_split_staleness_0_logs_what_colocate_logs(tmp_path):
-    colocate = run(tmp_path / "colocate", *GRPO4)
+def test_split_staleness_0_logs_what_colocate_logs(tmp_path, colocate):
     before = weight_files()
     split = run(tmp_path / "split", *GRPO4, "placement=split", "placement.max_staleness=0")
     assert with_mark(str(tmp_path / "split")) == [], "engine or rank processes outlived the split run"
@@ -74,6 +96,45 @@ def test_split_staleness_0_logs_what_colocate_logs(tmp_path):
         assert row[f"{SYNC}/bytes_moved"] > 0 and row[f"{SYNC}/rounds"] >= 1, row["step"]
         assert 0 < row["placement/change_share"] < 1 and row["placement/staleness"] == 0
     assert not any(k.startswith(SYNC) for r in colocate for k in r), "colocate logged a split transition"
+    assert not any(k.startswith("rebalance/") for r in split for k in r), "a split run without rebalance moved"
+    assert (tmp_path / "split" / "transition_trace.json").is_file() and (tmp_path / "split" / "timeline.png").is_file()
+
+
+@pytest.mark.timeout(900)
+def test_unbalanced_split_rebalances_and_logs_what_colocate_logs(tmp_path, colocate):
+    before = weight_files()
+    rows = run(tmp_path / "rebalance", *GRPO4, *REBALANCE)
+    assert with_mark(str(tmp_path / "rebalance")) == [], "engine or rank processes outlived the run"
+    assert weight_files() - before == set(), "the run left its weight files in /dev/shm"
+
+    moves = [r for r in rows if r.get("rebalance/moved")]
+    assert len(moves) >= 1, [(r.get("timing_s/gen"), r.get("timing_s/train")) for r in rows]
+    first = moves[0]
+    assert first["step"] in (1, 2) and first["rebalance/from_rollout_ranks"] == 3
+    assert first["rebalance/rollout_ranks"] in (1, 2)  # ranks left generation for training
+    assert first["rebalance/predicted_gain_s"] > 0
+    assert first["rebalance/predicted_total_gain_s"] > first["rebalance/predicted_cost_s"] > 0
+    assert first["rebalance/transition_seconds"] > 0 and first["rebalance/engine_start_seconds"] == 0.0
+    for role in ("actor", "reference"):  # one VPS move each, 1 train rank -> 2 or 3
+        assert first[f"reshard/{role}/rebalance/bytes_moved"] > 0 and first[f"reshard/{role}/rebalance/rounds"] >= 1
+    assert first["reshard/actor/rebalance/bytes_moved"] > 2 * first["reshard/reference/rebalance/bytes_moved"]  # AdamW
+    assert first["placement/wait_seconds"] <= 0.1 * first["placement/build_seconds"] + 0.01
+    after = rows[first["step"] + 1]
+    assert "rebalance/measured_gain_s" in after and after["rebalance/rollout_ranks"] == first["rebalance/rollout_ranks"]
+
+    assert_same_metrics(colocate, rows)  # a placement, and its changes, never change results
+
+    trace = json.loads((tmp_path / "rebalance" / "transition_trace.json").read_text())["traceEvents"]
+    events = [e for e in trace if e["ph"] == "X"]
+    moved = [e for e in events if e["name"] == "rebalance"]
+    assert sorted(e["pid"] for e in moved if e["args"]["from"] == 3) == [0, 1, 2, 3]  # every rank took part
+    assert 3 in {e["pid"] for e in events if e["name"] == "reshard/actor/rebalance"}  # the train rank sent its state
+    served = {(e["pid"], e["name"], e["args"]["roles"]) for e in events
+              if e["cat"] == "phase" and e["args"]["step"] == 1}
+    assert (0, "phase/generate", "rollout") in served and (3, "phase/train_actor", "actor") in served
+    assert not any(p == 3 and n == "phase/generate" for p, n, _ in served)  # step 1: rank 3 only trained
+    assert any(e["name"] == SYNC for e in events)  # the weight syncs' rounds
+    assert (tmp_path / "rebalance" / "timeline.png").stat().st_size > 10_000
 
 
 def test_split_refuses_what_it_does_not_run_before_spawn(tmp_path):

@@ -23,7 +23,16 @@ CASES = [
      "rollout.tp=2 does not divide the 3 ranks of the rollout set"),
     (["recipe=ppo_tiny", "placement=lend", "+placement.roles.actor=[0,2]", "+placement.roles.critic=[1,1]",
       "dry_run=true"], "share ranks [1]"),
-    (["placement.rebalance=true", "dry_run=true"], "not implemented yet"),
+    (["placement.rebalance=true", "dry_run=true"], "placement.rebalance=true with placement=colocate"),
+    (["placement=split", "placement.rebalance=true", "parallel.world_size=4", "task.prompts_per_step=8", "rollout.n=4",
+      "algorithm.mini_batches=2", "dry_run=true"],
+     "tried and invalid: 1+3: 32 rows do not split into algorithm.mini_batches=2 x dp=3; 3+1: "
+     "task.prompts_per_step=8 does not divide over 3 rollout replicas"),
+    (["placement=split", "placement.rebalance=true", "+placement.roles.rollout=[0,2]", "dry_run=true"],
+     "re-balancing chooses the sets itself"),
+    (["placement=split", "parallel.world_size=4", "placement.rollout_ranks=1", "task.prompts_per_step=8", "rollout.n=4",
+      "algorithm.mini_batches=2", "trainer.save_last=false", "trainer.export_policy=false"],
+     "cannot run a step: 32 rows do not split into algorithm.mini_batches=2 x dp=3. Splits that can: 2+2"),
 ]
 
 
