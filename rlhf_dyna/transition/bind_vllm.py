@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
+from rlhf_dyna.transition.tensor_pool import TensorPool
 from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.vps.layout import Layout
 from rlhf_dyna.vps import spec as vps_spec
@@ -46,15 +47,18 @@ def aliases(model: nn.Module) -> dict[str, list[str]]:
     return {name: names for names in by_id.values() for name in names}
 
 
+STAGING_POOL = TensorPool()  # one per process: the CPU install's staging, kept between groups and syncs
+
+
 class VllmDestination:
     """This rank's vLLM parameters as a VPS destination: in place where the kernel format is vLLM's model format
     (GPU, unquantized), else staging buffers per (sub-)layout that `vllm_install.LayerwiseInstaller` hands to vLLM.
     Everything is read from the live model here, before any layerwise reload puts its layers on the meta device."""
 
-    def __init__(self, rollout: VLLMRollout, layout: Layout, rank: int) -> None:
+    def __init__(self, rollout: VLLMRollout, layout: Layout, rank: int, pool: TensorPool = STAGING_POOL) -> None:
         from vllm.platforms import current_platform
 
-        self.rollout, self.rank = rollout, rank
+        self.rollout, self.rank, self.pool = rollout, rank, pool
         self.model = vllm_model(rollout)
         self.aliases = aliases(self.model)
         wanted = layout.buffers(rank)
@@ -68,8 +72,8 @@ class VllmDestination:
         self.kernel = {} if self.staged else {n: params[n].data for n in wanted}
 
     def buffers(self, layout: Layout) -> dict[str, Tensor]:
-        """Where the executor writes `layout`'s pieces: the live parameters (in place), or fresh staging buffers
-        shaped like vLLM's model-format TP-local parameters."""
+        """Where the executor writes `layout`'s pieces: the live parameters (in place), or staging buffers shaped like
+        vLLM's model-format TP-local parameters, taken from the pool (give them back once installed)."""
         wanted = layout.buffers(self.rank)
         if not self.staged:
             return {n: self.kernel[n] for n in wanted}
@@ -78,7 +82,7 @@ class VllmDestination:
             covered[piece.buffer] += piece.box.volume
         out = {}
         for n, b in wanted.items():
-            buf = torch.empty(b.shape, dtype=TORCH_DTYPES[b.dtype], device=self.devices[n])
+            buf = self.pool.take(b.shape, TORCH_DTYPES[b.dtype], self.devices[n])
             if covered[n] < buf.numel():  # vocabulary padding rows belong to no logical tensor: vLLM loads them as 0
                 buf.zero_()
             out[n] = buf

@@ -69,7 +69,7 @@ class VpsSync(WeightSync):
                               sum(s.rounds for s in stats), sum(s.messages for s in stats),
                               max(s.peak_extra_bytes for s in stats))
         self.phases = dict(plan=moving - start, move=installing - moving, install=start + seconds - installing,
-                           **({"install_work": self._install_work} if destination.staged else {}))
+                           **({"install_work": self._install_work, **self._steps} if destination.staged else {}))
         total = torch.tensor([self.last.bytes_received], dtype=torch.int64, device=train_engine.device)
         dist.all_reduce(total)
         return SyncStats(seconds=seconds, bytes_moved=int(total), rounds=self.last.rounds,
@@ -88,19 +88,35 @@ class VpsSync(WeightSync):
         itemsize = torch.empty((), dtype=TORCH_DTYPES[dst_catalog.param_dtype]).element_size()
         groups = layer_groups(dst_catalog, rollout.tp, itemsize, self.budget_bytes // 8)
         vllm_config = rollout.llm.llm_engine.vllm_config
-        with LayerwiseInstaller(destination.model, vllm_config, destination.aliases, self.overlap_install) as installer:
+        with LayerwiseInstaller(destination.model, vllm_config, destination.aliases, self.overlap_install,
+                                installed=destination.pool.give) as installer:
+            clock = time.perf_counter()
+            steps = dict.fromkeys(("group_plan", "group_bind", "group_stage", "group_execute", "group_install"), 0.0)
+
+            def lap(step: str) -> None:
+                nonlocal clock
+                now = time.perf_counter()
+                steps[step] += now - clock
+                clock = now
+
             for group in groups:
                 names = {t.train_buffer for t in group}  # live names: MoE experts are fused in training
                 t = planned(sub_catalog(src_catalog, group), src_spec, sub_catalog(dst_catalog, group), dst_spec,
                             (Kind.PARAM,), self.budget_bytes // 2, rank)
+                lap("group_plan")
                 src = bind_train_buffers({k: v for k, v in params.items() if k[0] in names}, t.src, rank, t.src_buffers)
+                lap("group_bind")
                 staged = destination.buffers(t.dst)
+                lap("group_stage")
                 stats.append(self._execute(t, src, staged, first_round=sum(s.rounds for s in stats)))  # one traced sync
+                lap("group_execute")
                 alive = alive[-1:] + [sum(b.numel() * b.element_size() for b in staged.values())]
                 peak_staged = max(peak_staged, sum(alive) if self.overlap_install else alive[-1])
                 if self.on_staged is not None:
                     self.on_staged(staged)
                 installer.submit(staged)
                 del staged
+                lap("group_install")
+            self._steps = steps
         self._install_work = installer.install_seconds
         return stats, peak_staged
