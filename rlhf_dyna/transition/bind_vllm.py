@@ -12,6 +12,8 @@ layerwise reload (the repack) while the next group is on the wire.
 """
 from __future__ import annotations
 
+from math import prod
+
 import torch
 from torch import Tensor, nn
 
@@ -70,20 +72,28 @@ class VllmDestination:
         self.staged = current_platform.is_cpu() or not all(
             tuple(params[n].shape) == b.shape and params[n].dtype == TORCH_DTYPES[b.dtype] for n, b in wanted.items())
         self.kernel = {} if self.staged else {n: params[n].data for n in wanted}
+        self._specs: dict[int, tuple[Layout, list]] = {}
 
     def buffers(self, layout: Layout) -> dict[str, Tensor]:
         """Where the executor writes `layout`'s pieces: the live parameters (in place), or staging buffers shaped like
         vLLM's model-format TP-local parameters, taken from the pool (give them back once installed)."""
-        wanted = layout.buffers(self.rank)
         if not self.staged:
-            return {n: self.kernel[n] for n in wanted}
-        covered = dict.fromkeys(wanted, 0)
-        for piece in layout.pieces(self.rank):
-            covered[piece.buffer] += piece.box.volume
+            return {n: self.kernel[n] for n in layout.buffers(self.rank)}
         out = {}
-        for n, b in wanted.items():
-            buf = self.pool.take(b.shape, TORCH_DTYPES[b.dtype], self.devices[n])
-            if covered[n] < buf.numel():  # vocabulary padding rows belong to no logical tensor: vLLM loads them as 0
+        for n, shape, dtype, padded in self._staging_specs(layout):
+            buf = self.pool.take(shape, dtype, self.devices[n])
+            if padded:  # vocabulary padding rows belong to no logical tensor: vLLM loads them as 0
                 buf.zero_()
             out[n] = buf
         return out
+
+    def _staging_specs(self, layout: Layout) -> list[tuple[str, tuple[int, ...], torch.dtype, bool]]:
+        """(name, shape, dtype, has rows no piece fills) of each staging buffer, worked out once per layout."""
+        if id(layout) not in self._specs:
+            wanted = layout.buffers(self.rank)
+            covered = dict.fromkeys(wanted, 0)
+            for piece in layout.pieces(self.rank):
+                covered[piece.buffer] += piece.box.volume
+            specs = [(n, b.shape, TORCH_DTYPES[b.dtype], covered[n] < prod(b.shape)) for n, b in wanted.items()]
+            self._specs[id(layout)] = (layout, specs)  # the layout is kept: its id stays its own
+        return self._specs[id(layout)][1]
