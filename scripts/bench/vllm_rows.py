@@ -7,8 +7,9 @@ Floor of a run = wire + repack, both measured right before that run in the same 
 matrix replayed (bench.measure.pattern_seconds), and vLLM's own install of this rank's shard from local memory
 (the same staged tensors, captured once, installed again with no wire). vps installs each group after its wire
 (VpsSync's default); `vps_overlap` (one run) installs on a worker thread while the next group is on the wire,
-whose floor would be max(wire, repack). Peak extra memory: resident
-memory above the level at the sync's start.
+whose floor would be max(wire, repack). Peak extra memory: the larger of resident memory above the level at the
+sync's start and VpsSync's own count (staged group + executor staging), since staging memory is kept between syncs
+(the pool and the arena: `staging_kept_bytes`) and a warm sync's RSS does not grow by it.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.transition.bind_train import train_catalog, train_spec
-from rlhf_dyna.transition.bind_vllm import VllmDestination, rollout_dtype, rollout_spec
+from rlhf_dyna.transition.bind_vllm import STAGING_POOL, VllmDestination, rollout_dtype, rollout_spec
+from rlhf_dyna.transition.executor import STAGING
 from rlhf_dyna.transition.relayout import bind_train_state
 from rlhf_dyna.transition.sync import NaiveSync, WeightSync
 from rlhf_dyna.transition.vllm_install import LayerwiseInstaller
@@ -124,7 +126,8 @@ def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int) -
     largest = max(prod(b.shape) * itemsize for b in whole_plan(engine, rollout, vps.budget_bytes).dst.buffers(dist.get_rank()).values())
     floor = dict(received_by_rank=received, budget_bytes=vps.budget_bytes,
                  largest_piece_bytes=largest, tokens_changed=reference != before,
-                 install_overlapped=vps.overlap_install, phases=vps.phases)
+                 install_overlapped=vps.overlap_install, phases=vps.phases,
+                 staging_kept_bytes=STAGING_POOL.nbytes + STAGING.nbytes)  # held between syncs, reused by the next
     return records, floor, rollout
 
 
