@@ -7,7 +7,7 @@ GPU (kernel format == vLLM's model format for unquantized weights): the destinat
 own storage, written in place; nothing to install.
 CPU: vLLM repacks linear weights after loading (its `qkv_proj.weight` becomes shape (0,), the data lives in a
 oneDNN / SGL handle), so the executor writes into staging buffers shaped like vLLM's model-format TP-local
-parameters, one group of layers at a time, and `vllm_install.LayerwiseInstaller` hands each group to vLLM's own
+parameters (taken from a pool that keeps them between groups and syncs), one group of layers at a time, and `vllm_install.LayerwiseInstaller` hands each group to vLLM's own
 layerwise reload (the repack) while the next group is on the wire.
 """
 from __future__ import annotations
