@@ -7,15 +7,18 @@ GPU (kernel format == vLLM's model format for unquantized weights): the destinat
 own storage, written in place; nothing to install.
 CPU: vLLM repacks linear weights after loading (its `qkv_proj.weight` becomes shape (0,), the data lives in a
 oneDNN / SGL handle), so the executor writes into staging buffers shaped like vLLM's model-format TP-local
-parameters, one group of layers at a time, and `vllm_install.LayerwiseInstaller` hands each group to vLLM's own
+parameters (taken from a pool that keeps them between groups and syncs), one group of layers at a time, and `vllm_install.LayerwiseInstaller` hands each group to vLLM's own
 layerwise reload (the repack) while the next group is on the wire.
 """
 from __future__ import annotations
+
+from math import prod
 
 import torch
 from torch import Tensor, nn
 
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
+from rlhf_dyna.transition.tensor_pool import TensorPool
 from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.vps.layout import Layout
 from rlhf_dyna.vps import spec as vps_spec
@@ -47,15 +50,18 @@ def aliases(model: nn.Module) -> dict[str, list[str]]:
     return {name: names for names in by_id.values() for name in names}
 
 
+STAGING_POOL = TensorPool()  # one per process: the CPU install's staging, kept between groups and syncs
+
+
 class VllmDestination:
     """This rank's vLLM parameters as a VPS destination: in place where the kernel format is vLLM's model format
     (GPU, unquantized), else staging buffers per (sub-)layout that `vllm_install.LayerwiseInstaller` hands to vLLM.
     Everything is read from the live model here, before any layerwise reload puts its layers on the meta device."""
 
-    def __init__(self, rollout: VLLMRollout, layout: Layout, rank: int) -> None:
+    def __init__(self, rollout: VLLMRollout, layout: Layout, rank: int, pool: TensorPool = STAGING_POOL) -> None:
         from vllm.platforms import current_platform
 
-        self.rollout, self.rank = rollout, rank
+        self.rollout, self.rank, self.pool = rollout, rank, pool
         self.model = vllm_model(rollout)
         self.aliases = aliases(self.model)
         wanted = layout.buffers(rank)
@@ -67,20 +73,28 @@ class VllmDestination:
         self.staged = current_platform.is_cpu() or not all(
             tuple(params[n].shape) == b.shape and params[n].dtype == TORCH_DTYPES[b.dtype] for n, b in wanted.items())
         self.kernel = {} if self.staged else {n: params[n].data for n in wanted}
+        self._specs: dict[int, tuple[Layout, list]] = {}
 
     def buffers(self, layout: Layout) -> dict[str, Tensor]:
-        """Where the executor writes `layout`'s pieces: the live parameters (in place), or fresh staging buffers
-        shaped like vLLM's model-format TP-local parameters."""
-        wanted = layout.buffers(self.rank)
+        """Where the executor writes `layout`'s pieces: the live parameters (in place), or staging buffers shaped like
+        vLLM's model-format TP-local parameters, taken from the pool (give them back once installed)."""
         if not self.staged:
-            return {n: self.kernel[n] for n in wanted}
-        covered = dict.fromkeys(wanted, 0)
-        for piece in layout.pieces(self.rank):
-            covered[piece.buffer] += piece.box.volume
+            return {n: self.kernel[n] for n in layout.buffers(self.rank)}
         out = {}
-        for n, b in wanted.items():
-            buf = torch.empty(b.shape, dtype=TORCH_DTYPES[b.dtype], device=self.devices[n])
-            if covered[n] < buf.numel():  # vocabulary padding rows belong to no logical tensor: vLLM loads them as 0
+        for n, shape, dtype, padded in self._staging_specs(layout):
+            buf = self.pool.take(shape, dtype, self.devices[n])
+            if padded:  # vocabulary padding rows belong to no logical tensor: vLLM loads them as 0
                 buf.zero_()
             out[n] = buf
         return out
+
+    def _staging_specs(self, layout: Layout) -> list[tuple[str, tuple[int, ...], torch.dtype, bool]]:
+        """(name, shape, dtype, has rows no piece fills) of each staging buffer, worked out once per layout."""
+        if id(layout) not in self._specs:
+            wanted = layout.buffers(self.rank)
+            covered = dict.fromkeys(wanted, 0)
+            for piece in layout.pieces(self.rank):
+                covered[piece.buffer] += piece.box.volume
+            specs = [(n, b.shape, TORCH_DTYPES[b.dtype], covered[n] < prod(b.shape)) for n, b in wanted.items()]
+            self._specs[id(layout)] = (layout, specs)  # the layout is kept: its id stays its own
+        return self._specs[id(layout)][1]

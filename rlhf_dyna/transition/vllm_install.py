@@ -12,7 +12,7 @@ release the GIL): at most two groups of staging are alive, the one being install
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 
@@ -26,9 +26,10 @@ class LayerwiseInstaller:
     """`with LayerwiseInstaller(model, vllm_config, aliases) as install: install.submit(staged)` per group."""
 
     def __init__(self, model: nn.Module, vllm_config: object, aliases: Mapping[str, Iterable[str]],
-                 overlap: bool = True) -> None:
+                 overlap: bool = True, installed: Callable[[Iterable[Tensor]], None] | None = None) -> None:
         self.model, self.vllm_config, self.aliases = model, vllm_config, aliases
         self.overlap = overlap
+        self.installed = installed  # gets each group's staged tensors once vLLM holds its own copy (a pool's give)
         self.pending: Future | None = None
         self.install_seconds = 0.0  # time spent installing, on whichever thread did it
 
@@ -85,6 +86,9 @@ class LayerwiseInstaller:
                 param.data = tensor  # adopt the staged storage: no copy before the repack
             _layerwise_process(layer, info)  # process_weights_after_loading, copy into the kernel tensors
             repack_installed_experts(layer)  # CPU MoE: vLLM skips its expert prepack on updates
+        per_layer.clear()
+        if self.installed is not None:
+            self.installed(staged.values())
         self.install_seconds += time.perf_counter() - start
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -18,7 +19,7 @@ import torch.distributed as dist
 from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
 from rlhf_dyna.train.engine import TrainEngine
-from rlhf_dyna.transition.bind_train import bind_train_buffers, train_catalog, train_spec
+from rlhf_dyna.transition.bind_train import StateKey, bind_train_buffers, train_catalog, train_spec
 from rlhf_dyna.transition.bind_vllm import VllmDestination, rollout_dtype, rollout_spec
 from rlhf_dyna.transition.executor import ExecStats, execute
 from rlhf_dyna.transition.relayout import bind_train_state
@@ -26,7 +27,7 @@ from rlhf_dyna.transition.sync import SyncStats, WeightSync
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.transition.vllm_install import LayerwiseInstaller
-from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
+from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, PlannedTransition, planned
 from rlhf_dyna.vps.layer_groups import layer_groups, sub_catalog
 from rlhf_dyna.vps.tensor import Kind
 
@@ -46,61 +47,106 @@ class VpsSync(WeightSync):
         self.last: ExecStats | None = None  # this rank's executor stats of the latest sync (summed over its groups)
         self.phases: dict[str, float] = {}  # seconds of the latest sync: plan, move (+ install when overlapped), install
         self.on_staged: Callable[[dict[str, Tensor]], None] | None = None  # sees each staged group before its install
+        self._cache: dict[tuple, SyncPlans] = {}
 
     def sync(self, train_engine: TrainEngine, rollout: VLLMRollout) -> SyncStats:
         start, rank = time.perf_counter(), dist.get_rank()
         params = {key: t for key, t in bind_train_state(train_engine).items() if key[1] == Kind.PARAM.value}
-        config = train_engine.model.config
-        src_catalog, dst_catalog = train_catalog(config, params), catalog_from_config(config, rollout_dtype(rollout))
-        src_spec, dst_spec = train_spec(params), rollout_spec(rollout)
-        whole = planned(src_catalog, src_spec, dst_catalog, dst_spec, (Kind.PARAM,), self.budget_bytes, rank)
-        destination = VllmDestination(rollout, whole.dst, rank)
+        plans = self._plans(train_engine.model.config, params, rollout, rank)
         moving = time.perf_counter()
-        if destination.staged:  # CPU: receive and install group by group, staging bounded by the budget
-            stats, staged = self._grouped(params, src_catalog, dst_catalog, src_spec, dst_spec, destination, rollout)
+        if plans.groups:  # CPU: receive and install group by group, staging bounded by the budget
+            stats, staged = self._grouped(params, plans, rollout)
         else:  # GPU: straight into vLLM's parameters, in place
-            src = bind_train_buffers(params, whole.src, rank, whole.src_buffers)
-            stats, staged = [self._execute(whole, src, destination.buffers(whole.dst))], 0
+            src = bind_train_buffers(params, plans.whole.src, rank, plans.whole.src_buffers)
+            stats, staged = [self._execute(plans.whole, src, plans.destination.buffers(plans.whole.dst))], 0
         installing = time.perf_counter()
         rollout.reset_prefix_cache()  # its KV was computed with the old weights
         seconds = time.perf_counter() - start
         self.last = ExecStats(sum(s.seconds for s in stats), sum(s.bytes_sent for s in stats),
                               sum(s.bytes_received for s in stats), sum(s.local_bytes for s in stats),
                               sum(s.rounds for s in stats), sum(s.messages for s in stats),
-                              max(s.peak_extra_bytes for s in stats))
+                              max(s.peak_extra_bytes for s in stats), sum(s.copy_seconds for s in stats),
+                              sum(s.wait_seconds for s in stats))
         self.phases = dict(plan=moving - start, move=installing - moving, install=start + seconds - installing,
-                           **({"install_work": self._install_work} if destination.staged else {}))
+                           **(self._steps if plans.groups else {}))
         total = torch.tensor([self.last.bytes_received], dtype=torch.int64, device=train_engine.device)
         dist.all_reduce(total)
         return SyncStats(seconds=seconds, bytes_moved=int(total), rounds=self.last.rounds,
                          peak_extra_bytes=staged + self.last.peak_extra_bytes)
 
+    def _plans(self, config: object, params: dict, rollout: VLLMRollout, rank: int) -> SyncPlans:
+        """The sync's plans and vLLM binding, worked out once per (training layout, engine): every later sync only
+        re-reads the live shards (about 20 ms a sync at 300M otherwise: catalogs, layouts, names, vLLM's parameters)."""
+        src_spec, dst_spec = train_spec(params), rollout_spec(rollout)
+        param_dtype = next(iter(params.values())).dtype
+        key = (id(config), param_dtype, src_spec, id(rollout), dst_spec)
+        if key in self._cache:
+            return self._cache[key]
+        src_catalog, dst_catalog = train_catalog(config, params), catalog_from_config(config, rollout_dtype(rollout))
+        whole = planned(src_catalog, src_spec, dst_catalog, dst_spec, (Kind.PARAM,), self.budget_bytes, rank)
+        destination = VllmDestination(rollout, whole.dst, rank)
+        groups = []
+        if destination.staged:  # groups of layers of at most budget/8 per rank each (see _grouped)
+            itemsize = torch.empty((), dtype=TORCH_DTYPES[dst_catalog.param_dtype]).element_size()
+            for group in layer_groups(dst_catalog, rollout.tp, itemsize, self.budget_bytes // 8):
+                names = {t.train_buffer for t in group}  # live names: MoE experts are fused in training
+                t = planned(sub_catalog(src_catalog, group), src_spec, sub_catalog(dst_catalog, group), dst_spec,
+                            (Kind.PARAM,), self.budget_bytes // 2, rank)
+                groups.append(StagedGroup(t, tuple(k for k in params if k[0] in names)))
+        self._cache = {key: SyncPlans(whole, destination, groups, (rollout, config))}  # the latest engine only
+        return self._cache[key]
+
     def _execute(self, t, src, dst, first_round: int = 0) -> ExecStats:
         return execute(t.rank_plan, src, dst, verify=self.verify, trace=self.recorder, trace_name="train_to_rollout",
                        first_round=first_round)
 
-    def _grouped(self, params, src_catalog, dst_catalog, src_spec, dst_spec, destination: VllmDestination,
-                 rollout: VLLMRollout) -> tuple[list[ExecStats], int]:
+    def _grouped(self, params: dict, plans: SyncPlans, rollout: VLLMRollout) -> tuple[list[ExecStats], int]:
         """Groups of layers of at most budget/8 per rank each: the executor gets budget/2, at most two groups are
         staged at once (one being received, one being installed) and the repack copies one layer more, so the
         peak stays within the budget plus the largest layer. Returns the groups' stats and the most staged bytes."""
         rank, stats, peak_staged, alive = dist.get_rank(), [], 0, []
-        itemsize = torch.empty((), dtype=TORCH_DTYPES[dst_catalog.param_dtype]).element_size()
-        groups = layer_groups(dst_catalog, rollout.tp, itemsize, self.budget_bytes // 8)
-        vllm_config = rollout.llm.llm_engine.vllm_config
-        with LayerwiseInstaller(destination.model, vllm_config, destination.aliases, self.overlap_install) as installer:
-            for group in groups:
-                names = {t.train_buffer for t in group}  # live names: MoE experts are fused in training
-                t = planned(sub_catalog(src_catalog, group), src_spec, sub_catalog(dst_catalog, group), dst_spec,
-                            (Kind.PARAM,), self.budget_bytes // 2, rank)
-                src = bind_train_buffers({k: v for k, v in params.items() if k[0] in names}, t.src, rank, t.src_buffers)
+        destination = plans.destination
+        steps = dict.fromkeys(("group_bind", "group_stage", "group_execute", "group_install"), 0.0)
+        clock = time.perf_counter()
+
+        def lap(step: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            steps[step] += now - clock
+            clock = now
+
+        with LayerwiseInstaller(destination.model, rollout.llm.llm_engine.vllm_config, destination.aliases,
+                                self.overlap_install, installed=destination.pool.give) as installer:
+            lap("group_install")
+            for group in plans.groups:
+                t = group.transition
+                src = bind_train_buffers({k: params[k] for k in group.keys}, t.src, rank, t.src_buffers)
+                lap("group_bind")
                 staged = destination.buffers(t.dst)
+                lap("group_stage")
                 stats.append(self._execute(t, src, staged, first_round=sum(s.rounds for s in stats)))  # one traced sync
+                lap("group_execute")
                 alive = alive[-1:] + [sum(b.numel() * b.element_size() for b in staged.values())]
                 peak_staged = max(peak_staged, sum(alive) if self.overlap_install else alive[-1])
                 if self.on_staged is not None:
                     self.on_staged(staged)
                 installer.submit(staged)
                 del staged
-        self._install_work = installer.install_seconds
+                lap("group_install")
+        lap("group_install")
+        self._steps = dict(steps, install_work=installer.install_seconds)
         return stats, peak_staged
+
+
+@dataclass(frozen=True)
+class StagedGroup:
+    transition: PlannedTransition  # of this group's tensors alone
+    keys: tuple[StateKey, ...]  # the live params it reads
+
+
+@dataclass(frozen=True)
+class SyncPlans:
+    whole: PlannedTransition
+    destination: VllmDestination
+    groups: list[StagedGroup]  # CPU: the layer groups, staged and installed one by one; GPU: none (in place)
+    alive: tuple  # the objects whose ids key the cache, kept alive so that no other object can take their ids

@@ -1,7 +1,7 @@
 """A model catalog cut into groups of consecutive decoder layers, each at most `limit_bytes` per rank: transitions
 that must stage their destination (vLLM on the CPU) run and install group by group, so staging memory is bounded by
-the group size, not by the model. Non-layer tensors (embeddings, final norm, lm_head) form their own groups: the
-ones before the first layer and the ones after the last."""
+the group size, not by the model. Non-layer tensors (embeddings before the first layer; final norm and lm_head after
+the last) join the first and the last group when they fit: every group costs a round of messages and an install."""
 from __future__ import annotations
 
 from math import prod
@@ -16,9 +16,10 @@ def sub_catalog(catalog: ModelCatalog, tensors: tuple[CatalogTensor, ...]) -> Mo
 
 def layer_groups(catalog: ModelCatalog, tp: int, itemsize: int, limit_bytes: int) -> list[tuple[CatalogTensor, ...]]:
     """Groups in model order; a group's bytes per rank (numel * itemsize / tp, an upper bound for a TP-sharded rank)
-    stay within limit_bytes unless one layer alone exceeds it. Same answer on every rank (catalog arithmetic)."""
-    def nbytes(t: CatalogTensor) -> int:
-        return prod(t.shape) * itemsize // tp
+    stay within limit_bytes unless one unit alone exceeds it (a layer, or the tensors before / after the layers).
+    Same answer on every rank (catalog arithmetic)."""
+    def nbytes(tensors: list[CatalogTensor]) -> int:
+        return sum(prod(t.shape) * itemsize // tp for t in tensors)
 
     by_layer: dict[int, list[CatalogTensor]] = {}
     head, tail = [], []
@@ -27,16 +28,14 @@ def layer_groups(catalog: ModelCatalog, tp: int, itemsize: int, limit_bytes: int
             by_layer.setdefault(t.layer, []).append(t)
         else:
             (head if not by_layer else tail).append(t)  # catalogs list embeddings first, final norm / lm_head last
-    groups: list[tuple[CatalogTensor, ...]] = [tuple(head)] if head else []
+    units = [u for u in (head, *(by_layer[i] for i in sorted(by_layer)), tail) if u]
+    groups: list[tuple[CatalogTensor, ...]] = []
     current: list[CatalogTensor] = []
-    for layer in sorted(by_layer):
-        tensors = by_layer[layer]
-        if current and sum(map(nbytes, current + tensors)) > limit_bytes:
+    for unit in units:
+        if current and nbytes(current + unit) > limit_bytes:
             groups.append(tuple(current))
             current = []
-        current += tensors
+        current += unit
     if current:
         groups.append(tuple(current))
-    if tail:
-        groups.append(tuple(tail))
     return groups

@@ -7,8 +7,9 @@ Floor of a run = wire + repack, both measured right before that run in the same 
 matrix replayed (bench.measure.pattern_seconds), and vLLM's own install of this rank's shard from local memory
 (the same staged tensors, captured once, installed again with no wire). vps installs each group after its wire
 (VpsSync's default); `vps_overlap` (one run) installs on a worker thread while the next group is on the wire,
-whose floor would be max(wire, repack). Peak extra memory: resident
-memory above the level at the sync's start.
+whose floor would be max(wire, repack). Peak extra memory: the larger of resident memory above the level at the
+sync's start and VpsSync's own count (staged group + executor staging), since staging memory is kept between syncs
+(the pool and the arena: `staging_kept_bytes`) and a warm sync's RSS does not grow by it.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.transition.bind_train import train_catalog, train_spec
-from rlhf_dyna.transition.bind_vllm import VllmDestination, rollout_dtype, rollout_spec
+from rlhf_dyna.transition.bind_vllm import STAGING_POOL, VllmDestination, rollout_dtype, rollout_spec
+from rlhf_dyna.transition.executor import STAGING
 from rlhf_dyna.transition.relayout import bind_train_state
 from rlhf_dyna.transition.sync import NaiveSync, WeightSync
 from rlhf_dyna.transition.vllm_install import LayerwiseInstaller
@@ -42,7 +44,7 @@ def _greedy(rollout: VLLMRollout) -> list[list[int]]:
     return [s[0].token_ids for s in rollout.generate(prompts, temperature=0.0, max_tokens=8)]
 
 
-def _whole_plan(engine: TrainEngine, rollout: VLLMRollout, budget_bytes: int):
+def whole_plan(engine: TrainEngine, rollout: VLLMRollout, budget_bytes: int):
     """The cached plan of the whole move (VpsSync plans it too): its pair matrix is the wire floor's pattern."""
     params = {k: t for k, t in bind_train_state(engine).items() if k[1] == Kind.PARAM.value}
     config = engine.model.config
@@ -62,7 +64,7 @@ def _timed(sync: WeightSync, engine: TrainEngine, rollout: VLLMRollout) -> tuple
 def capture_staged(vps: VpsSync, engine: TrainEngine, rollout: VLLMRollout) -> list[dict]:
     """The staged groups of one (untimed) sync: this rank's shard in vLLM's model format, in local memory."""
     captured: list[dict] = []
-    vps.on_staged = captured.append
+    vps.on_staged = lambda staged: captured.append({n: t.clone() for n, t in staged.items()})  # staging is reused
     vps.sync(engine, rollout)
     vps.on_staged = None
     return captured
@@ -71,7 +73,7 @@ def capture_staged(vps: VpsSync, engine: TrainEngine, rollout: VLLMRollout) -> l
 def repack_seconds(captured: list[dict], engine: TrainEngine, rollout: VLLMRollout, budget_bytes: int) -> float:
     """vLLM's install of this rank's shard from local memory: the captured tensors installed again with no wire,
     group after group (slowest rank)."""
-    destination = VllmDestination(rollout, _whole_plan(engine, rollout, budget_bytes).dst, dist.get_rank())
+    destination = VllmDestination(rollout, whole_plan(engine, rollout, budget_bytes).dst, dist.get_rank())
     dist.barrier()
     start = time.perf_counter()
     with LayerwiseInstaller(destination.model, rollout.llm.llm_engine.vllm_config, destination.aliases,
@@ -102,7 +104,7 @@ def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int,
     vps = VpsSync()
     seconds, moved, rounds, peak = _timed(vps, engine, rollout)
     records.append(_record("vps_cold", [seconds], [], moved, rounds, peak, _greedy(rollout) == reference))
-    pairs = _whole_plan(engine, rollout, vps.budget_bytes).schedule.plan.pair_bytes()
+    pairs = whole_plan(engine, rollout, vps.budget_bytes).schedule.plan.pair_bytes()
     captured = capture_staged(vps, engine, rollout)
     repack_seconds(captured, engine, rollout, vps.budget_bytes)  # warm-up; the captured values must give naive's tokens
     correct = _greedy(rollout) == reference
@@ -122,10 +124,11 @@ def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int,
     del captured
     received = [int(x) for x in pairs.sum(axis=0)]
     itemsize = torch.empty((), dtype=ROLLOUT_DTYPE).element_size()
-    largest = max(prod(b.shape) * itemsize for b in _whole_plan(engine, rollout, vps.budget_bytes).dst.buffers(dist.get_rank()).values())
+    largest = max(prod(b.shape) * itemsize for b in whole_plan(engine, rollout, vps.budget_bytes).dst.buffers(dist.get_rank()).values())
     floor = dict(received_by_rank=received, budget_bytes=vps.budget_bytes,
                  largest_piece_bytes=largest, tokens_changed=reference != before,
-                 install_overlapped=vps.overlap_install, phases=vps.phases)
+                 install_overlapped=vps.overlap_install, phases=vps.phases,
+                 staging_kept_bytes=STAGING_POOL.nbytes + STAGING.nbytes)  # held between syncs, reused by the next
     return records, floor, rollout
 
 

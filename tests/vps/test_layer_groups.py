@@ -23,12 +23,12 @@ def test_groups_cover_the_catalog_once_in_order_within_the_limit(limit: int) -> 
     assert [t for g in groups for t in g] == list(catalog.tensors)
     for g in groups:
         layers = {t.layer for t in g}
-        assert None not in layers or layers == {None}  # embeddings / final norm / lm_head apart from the layers
-        assert len(layers) == 1 or sum(prod(t.shape) * 4 // 2 for t in g) <= limit
+        assert len(layers) == 1 or sum(prod(t.shape) * 4 // 2 for t in g) <= limit  # one unit alone may exceed it
     if limit == 1:
         assert len(groups) == SPEC.num_hidden_layers + 2  # every layer alone, head and tail
+        assert {t.layer for t in groups[0]} == {t.layer for t in groups[-1]} == {None}
     if limit == 10**9:
-        assert len(groups) == 3
+        assert len(groups) == 1  # embeddings, layers and lm_head together when they fit
 
 
 def test_a_sub_catalog_lays_out_only_its_tensors_as_the_whole_does() -> None:
