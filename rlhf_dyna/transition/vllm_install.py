@@ -86,9 +86,11 @@ class LayerwiseInstaller:
                 param.data = tensor  # adopt the staged storage: no copy before the repack
             _layerwise_process(layer, info)  # process_weights_after_loading, copy into the kernel tensors
             repack_installed_experts(layer)  # CPU MoE: vLLM skips its expert prepack on updates
+        if self.installed is not None:  # staging that a layer kept as its own storage (e.g. a tied embedding) is not reused
+            held = {t.untyped_storage().data_ptr() for name in per_layer
+                    for t in (*self.model.get_submodule(name).parameters(), *self.model.get_submodule(name).buffers())}
+            self.installed([t for t in staged.values() if t.untyped_storage().data_ptr() not in held])
         per_layer.clear()
-        if self.installed is not None:
-            self.installed(staged.values())
         self.install_seconds += time.perf_counter() - start
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:

@@ -85,7 +85,7 @@ def _sync_and_compare(rank: int, world: int, model_dir: str, rollout_tp: int, ex
                        rollout_spec(rollout_tp, world // rollout_tp, expert_parallel=expert_parallel), world)
     vps = VpsSync(budget_bytes=1 << 14, verify=True)
     staged: list[dict[str, torch.Tensor]] = []
-    vps.on_staged = staged.append
+    vps.on_staged = lambda group: staged.append({n: t.clone() for n, t in group.items()})  # staging is reused
     for step, sync in enumerate((NaiveSync(), vps)):  # naive: vLLM's own loader by per-expert names, then repacked
         engine.step(random_batch(seed=10 * step + rank, batch=2), nll_loss)
         stale = [s[0].token_ids for s in rollout.generate(prompts, temperature=0.0, max_tokens=NEW_TOKENS)]
