@@ -3,8 +3,8 @@ when the measured phase times say that a different split shortens the step (the 
 
 Every candidate split's meshes and groups are built by the world builder on a background thread from the start of
 the run, so a move waits only for bytes. A move (every rank takes part, the decision is rank 0's, broadcast):
-the engines of ranks that leave the rollout set shut down on a background thread (their engine process and shm file
-go, joined before the rank starts an engine again and at the end of the run); the actor's
+the engines of ranks that leave the rollout set shut down on a background thread once the state has moved (their
+engine process and shm file go, joined before the rank starts an engine again and at the end of the run); the actor's
 parameters and AdamW moments, and the reference's parameters, move by VPS plan from the old train set's FSDP mesh to
 empty engines on the new one (`reshard/actor/rebalance/*`, `reshard/reference/rebalance/*`); ranks that join the
 rollout set start their tp=1 engine, and the weight sync fills it. Logged: `rebalance/rollout_ranks` every step; on a
