@@ -3,12 +3,20 @@ when the measured phase times say that a different split shortens the step (the 
 
 Every candidate split's meshes and groups are built by the world builder on a background thread from the start of
 the run, so a move waits only for bytes. A move (every rank takes part, the decision is rank 0's, broadcast):
-the engines of ranks that leave the rollout set shut down on a background thread (their engine process and shm file
-go, joined before the rank starts an engine again and at the end of the run); the actor's
+the engines of ranks that leave the rollout set shut down on a background thread once the state has moved (their
+engine process and shm file go, joined before the rank starts an engine again and at the end of the run); the actor's
 parameters and AdamW moments, and the reference's parameters, move by VPS plan from the old train set's FSDP mesh to
 empty engines on the new one (`reshard/actor/rebalance/*`, `reshard/reference/rebalance/*`); ranks that join the
 rollout set start their tp=1 engine, and the weight sync fills it. Logged: `rebalance/rollout_ranks` every step; on a
-move the predicted gain and cost, the measured seconds of each part; after it `rebalance/measured_gain_s`.
+move the predicted gain and cost, the measured seconds of each part (the slowest rank's: the run waits for it); after
+it `rebalance/measured_gain_s`.
+
+The fixed work of a move is done ahead of it, on a background thread, for every split the run may move to from the
+current one (`prepare_moves`, again after each move): the VPS plans of the actor's and the reference's state moves
+and of the first weight sync after the move (plans are pure: vps_plans caches them), and, on the ranks that would
+train there, the destination engines as skeletons (meta parameters, TP and FSDP2 applied: no storage, no
+collective). The move itself allocates the skeleton's shards and moves the bytes; a leaving engine shuts down after
+the move (on a GPU, before it: the train engine wants its memory).
 """
 from __future__ import annotations
 
@@ -26,12 +34,10 @@ from ..models.catalog import catalog_from_config
 from ..models.meta_init import meta_policy, recompute_buffers_
 from ..train.engine import TrainEngine
 from ..train.pipeline_engine import make_engine
-from ..transition.role_move import ALL_KINDS, move_role_state, set_spec
+from ..transition.role_move import ALL_KINDS, move_role_state, optimizer_step, set_spec
 from ..transition.subset_sync import SubsetSync
 from ..transition.trace import TraceRecorder
-from ..transition.vps_plans import ranks_per_node
-from ..vps.layout import build_layout
-from ..vps.plan import build_plan
+from ..transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
 from ..vps.spec import ParallelSpec
 from ..vps.tensor import Kind
 from .placements import split_placement, split_shape
@@ -42,27 +48,32 @@ ENGINE_STOP_EVENT = "rebalance/engine_stop"  # a leaving engine's shutdown, in t
 MOVES = {ACTOR: f"reshard/{ACTOR}/{MOVE_EVENT}", REFERENCE: f"reshard/{REFERENCE}/{MOVE_EVENT}"}
 
 
-def empty_engine(cfg: Config, hf_config, mesh, trainable: bool) -> TrainEngine:
-    """An engine of the run's settings on `mesh` with uninitialised parameters: the destination of a move. Built from
-    the config, since a rank joining the train set holds no engine to copy settings from."""
-    alg = cfg.algorithm
+def materializer(mesh):
+    """Gives a meta-built engine's model its (uninitialised) shards on the mesh's device."""
     device = torch.device("cpu") if mesh.device_type == "cpu" else torch.device("cuda", torch.cuda.current_device())
 
     def materialize(model) -> None:
         model.to_empty(device=device)
         recompute_buffers_(model, device)  # rotary buffers are not moved: recomputed from the config
 
+    return materialize
+
+
+def empty_engine(cfg: Config, hf_config, mesh, trainable: bool, materialize: bool = True) -> TrainEngine:
+    """An engine of the run's settings on `mesh` with uninitialised parameters: the destination of a move. Built from
+    the config, since a rank joining the train set holds no engine to copy settings from. `materialize=False`: a
+    skeleton (parameters on meta; `engine.materialize_now(materializer(mesh))` gives them storage), built ahead."""
+    alg = cfg.algorithm
     optimizer = dict(lr=alg.lr, weight_decay=alg.weight_decay, betas=tuple(alg.betas), grad_clip=alg.grad_clip)
     return make_engine(meta_policy(hf_config, torch.float32), mesh, pp_schedule=cfg.parallel.train.pp_schedule,
                        precision=cfg.trainer.precision, micro_batch_size=alg.micro_batch_size,
-                       zero=cfg.parallel.train.zero, materialize=materialize,
+                       zero=cfg.parallel.train.zero, materialize=materializer(mesh) if materialize else None,
                        **(optimizer if trainable else {"trainable": False}))
 
 
-def planned_bytes(catalog, src: ParallelSpec, dst: ParallelSpec, kinds: tuple[Kind, ...]) -> int:
-    """Bytes the VPS plan sends between ranks to move `kinds` of the model from `src` to `dst` (no execution)."""
-    plan = build_plan(build_layout(catalog, src, kinds), build_layout(catalog, dst, kinds), ranks_per_node())
-    return int(plan.pair_bytes().sum())
+def deferrable(mesh) -> bool:
+    """A skeleton can be built ahead on a (dp, tp) mesh; a pipeline engine splits real stages: built at the move."""
+    return "pp" not in (mesh.mesh_dim_names or ())
 
 
 class SplitRebalance:
@@ -85,17 +96,73 @@ class SplitRebalance:
         self.engine_start_s = 0.0  # rank 0's engine start at the beginning of the run: predicts a joining one's
         self.move_bytes_per_s: float | None = None  # measured by the last move
         self.stopping: list[threading.Thread] = []  # engines of this rank shutting down in the background
+        self.skeletons: dict[tuple[int, str], TrainEngine] = {}  # (rollout ranks, role) -> destination built ahead
+        self.preparing: threading.Thread | None = None
+        self.prepare_error: BaseException | None = None
 
     def _spec(self, rollout_ranks: int) -> ParallelSpec:
         return set_spec(rollout_ranks, self.world_size - rollout_ranks, self.tp)
+
+    def _plan(self, src: ParallelSpec, dst: ParallelSpec, kinds: tuple[Kind, ...]):
+        """This rank's share of a move's VPS plan, from vps_plans' cache (move_role_state asks for the same key)."""
+        return planned(self.catalog, src, self.catalog, dst, kinds, DEFAULT_BUDGET_BYTES, self.rank)
+
+    def prepare_moves(self, current: int) -> None:
+        """Local, on a background thread: every move's plans from split `current`, and this rank's destination
+        skeletons of every split it would train in. The next move joins the thread first."""
+        def prepare() -> None:
+            try:
+                for target, placement in self.placements.items():
+                    if target == current:
+                        continue
+                    src, dst = self._spec(current), self._spec(target)
+                    self._plan(src, dst, ALL_KINDS)  # the actor's parameters and AdamW moments
+                    if self.has_reference:
+                        self._plan(src, dst, (Kind.PARAM,))
+                    sync = SubsetSync(self.hf_config, dst, 0, target)  # the first weight sync on the new split
+                    planned(sync.catalog, sync.train, sync.catalog, sync.rollout, (Kind.PARAM,), sync.budget_bytes,
+                            self.rank)
+                    if self.rank < target:  # not in that split's train set
+                        continue
+                    mesh = self.builder.get(placement.key(), record=False).mesh(
+                        placement.slot(TRAIN_ACTOR, ACTOR).spec)
+                    if not deferrable(mesh):
+                        continue
+                    for role, trainable in self._roles():
+                        if (target, role) not in self.skeletons:
+                            self.skeletons[target, role] = empty_engine(self.cfg, self.hf_config, mesh, trainable,
+                                                                        materialize=False)
+            except BaseException as err:  # surfaced by the move, on the main thread
+                self.prepare_error = err
+
+        self.preparing = threading.Thread(target=prepare, name="rlhf_dyna-move-prepare", daemon=True)
+        self.preparing.start()
+
+    def _roles(self) -> list[tuple[str, bool]]:
+        return [(ACTOR, True)] + ([(REFERENCE, False)] if self.has_reference else [])
+
+    def _join_preparing(self) -> None:
+        if self.preparing is not None:
+            self.preparing.join()
+            self.preparing = None
+        if self.prepare_error is not None:
+            raise RuntimeError(f"preparing the moves failed: {self.prepare_error}") from self.prepare_error
+
+    def _destination(self, target: int, role: str, mesh, trainable: bool) -> TrainEngine:
+        """This rank's empty engine of `role` on split `target`: the skeleton built ahead, given its shards now."""
+        engine = self.skeletons.pop((target, role), None)
+        if engine is None:
+            return empty_engine(self.cfg, self.hf_config, mesh, trainable)
+        engine.materialize_now(materializer(mesh))
+        return engine
 
     def predicted_cost(self, current: int, target: int, sync_bytes_per_s: float, sync_s: float) -> float:
         """Seconds of moving current -> target: the state's planned bytes at the measured bandwidth (the last move's,
         else the weight sync's transfer), plus a joining engine's start and a weight sync into it."""
         src, dst = self._spec(current), self._spec(target)
-        moved = planned_bytes(self.catalog, src, dst, ALL_KINDS)
+        moved = int(self._plan(src, dst, ALL_KINDS).schedule.plan.pair_bytes().sum())
         if self.has_reference:
-            moved += planned_bytes(self.catalog, src, dst, (Kind.PARAM,))
+            moved += int(self._plan(src, dst, (Kind.PARAM,)).schedule.plan.pair_bytes().sum())
         seconds = moved / max(self.move_bytes_per_s or sync_bytes_per_s, 1.0)
         return seconds + (self.engine_start_s + sync_s if target > current else 0.0)
 
@@ -134,36 +201,52 @@ class SplitRebalance:
         return out
 
     def move(self, state: SplitState, target: int, kl_ctl) -> dict[str, float]:
-        """Collective: the split becomes `target` rollout ranks + the rest training; `state` now holds the new parts."""
+        """Collective: the split becomes `target` rollout ranks + the rest training; `state` now holds the new parts.
+        Every part is timed on every rank and logged as the slowest rank's; the move's seconds run from this rank's
+        entry to the end of the collective that ends it (the reduction of those times), the slowest rank's logged:
+        the wall time the run lost to the move."""
         t0, wall = time.perf_counter(), time.time()
         old, new = state.ranks, SplitRanks(self.cfg, target)
         world = self.builder.get(self.placements[target].key())
         waited = time.perf_counter() - t0
-        kl_ctl.value = old.from_trainer(kl_ctl.value)  # the adaptive coefficient lives on the train set
-        stop_s = start_s = 0.0
-        if state.rollout is not None and not new.generates:  # leaves the rollout set: its engine stops meanwhile
-            t = time.perf_counter()
-            self._stop_in_background(state.rollout)
-            state.rollout, stop_s = None, time.perf_counter() - t
+        self._join_preparing()  # plans and skeletons of this move, built in the background since the last one
+        prepare_wait = time.perf_counter() - t0 - waited
+        # one broadcast from the train set: the adaptive KL coefficient lives there, and the AdamW step counter that
+        # the actor's move needs (the reference has no optimizer: -1, known everywhere)
+        shared = torch.tensor([kl_ctl.value, optimizer_step(state.actor)], dtype=torch.float64)
+        dist.broadcast(shared, src=old.train.first)
+        kl_ctl.value, actor_step = float(shared[0]), float(shared[1])
         mesh = world.mesh(self.placements[target].slot(TRAIN_ACTOR, ACTOR).spec)
+        leaving = state.rollout if state.rollout is not None and not new.generates else None
+        stop_s = start_s = materialize_s = 0.0
+        if leaving is not None and mesh.device_type != "cpu":  # a GPU's train engine wants the engine's memory
+            t = time.perf_counter()
+            self._stop_in_background(leaving)
+            stop_s = time.perf_counter() - t
+        if leaving is not None:
+            state.rollout = None
         src, dst = self._spec(old.rollout.size), self._spec(target)
         metrics: dict[str, float] = {}
         moved = 0
-        roles = [(ACTOR, True)] + ([(REFERENCE, False)] if self.has_reference else [])
-        for role, trainable in roles:
+        role_seconds = []
+        t_state = time.perf_counter()
+        for role, trainable in self._roles():
             source = state.actor if role == ACTOR else state.ref
-            destination = empty_engine(self.cfg, self.hf_config, mesh, trainable) if new.trains else None
+            t = time.perf_counter()
+            destination = self._destination(target, role, mesh, trainable) if new.trains else None
+            materialize_s += time.perf_counter() - t
             stats = move_role_state(source, destination, src, dst, catalog=self.catalog, recorder=self.recorder,
-                                    trace_name=MOVES[role])
+                                    trace_name=MOVES[role], step=actor_step if role == ACTOR else -1.0)
             name = MOVES[role]
-            metrics.update({f"{name}/seconds": stats.seconds, f"{name}/bytes_moved": float(stats.bytes_moved),
-                            f"{name}/rounds": float(stats.rounds), f"{name}/peak_extra_bytes": float(stats.peak_extra_bytes)})
+            metrics.update({f"{name}/bytes_moved": float(stats.bytes_moved), f"{name}/rounds": float(stats.rounds),
+                            f"{name}/peak_extra_bytes": float(stats.peak_extra_bytes)})
+            role_seconds.append(stats.seconds)
             moved += stats.bytes_moved
             if role == ACTOR:
                 state.actor = destination
             else:
                 state.ref = destination
-        state_s = time.perf_counter() - t0 - waited - stop_s
+        state_s = time.perf_counter() - t_state
         if new.generates and state.rollout is None:  # joins the rollout set: its engine opens the initial weights
             t = time.perf_counter()
             self._join_stopping()  # an engine this rank stopped earlier shares the weight file's name
@@ -172,16 +255,28 @@ class SplitRebalance:
         state.ranks = new
         state.sync = SubsetSync(self.hf_config, dst, new.rollout.first, new.rollout.size)
         sync_s = state.sync_weights(self.recorder).seconds if target > old.rollout.size else 0.0  # joined engines
-        dist.barrier()  # the move ends when every rank is done (a joining engine's start included)
-        seconds = time.perf_counter() - t0
-        slowest = torch.tensor([stop_s, start_s], dtype=torch.float64)
+        if leaving is not None and mesh.device_type == "cpu":  # the idle engine's shutdown overlaps the next step
+            t = time.perf_counter()
+            self._stop_in_background(leaving)
+            stop_s = time.perf_counter() - t
+        # the move ends when every rank is done (a joining engine's start included): the reduction of the parts'
+        # seconds is its last collective, and the move's seconds include it
+        own = time.perf_counter() - t0
+        slowest = torch.tensor([own, state_s, stop_s, start_s, sync_s, waited, prepare_wait, materialize_s,
+                                *role_seconds], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        seconds = max(time.perf_counter() - t0, float(slowest[0]))
         if self.recorder is not None:
             self.recorder.add(MOVE_EVENT, 0, wall, seconds, {"from": old.rollout.size, "to": target})
+        _, state_s, stop_s, start_s, sync_s, waited, prepare_wait, materialize_s = slowest[:8].tolist()
+        for (role, _), role_s in zip(self._roles(), slowest[8:].tolist()):
+            metrics[f"{MOVES[role]}/seconds"] = role_s
         self.move_bytes_per_s = moved / state_s if state_s > 0 and moved else self.move_bytes_per_s
+        self.prepare_moves(target)  # the moves from the new split, in the background
         return {**metrics, "rebalance/moved": 1.0, "rebalance/transition_seconds": seconds,
-                "rebalance/state_move_seconds": state_s, "rebalance/engine_stop_seconds": float(slowest[0]),
-                "rebalance/engine_start_seconds": float(slowest[1]), "rebalance/resync_seconds": sync_s,
+                "rebalance/state_move_seconds": state_s, "rebalance/engine_stop_seconds": stop_s,
+                "rebalance/engine_start_seconds": start_s, "rebalance/resync_seconds": sync_s,
+                "rebalance/prepare_wait_seconds": prepare_wait, "rebalance/materialize_seconds": materialize_s,
                 "placement/build_seconds": world.build_seconds, "placement/wait_seconds": waited}
 
     def _stop_in_background(self, rollout) -> None:
@@ -203,7 +298,9 @@ class SplitRebalance:
         self.stopping.clear()
 
     def close(self) -> None:
-        """Local: every engine this rank stopped is gone, the builder thread has ended."""
+        """Local: every engine this rank stopped is gone, the builder and preparing threads have ended."""
+        if self.preparing is not None:
+            self.preparing.join(timeout=60)
         self._join_stopping()
         self.builder.join(timeout=60)
 

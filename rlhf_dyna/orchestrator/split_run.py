@@ -194,6 +194,8 @@ def run_split(cfg: Config, out_dir: Path, dist_info) -> None:
             sft = supervised_warmup(cfg, actor, task, tokenizer, ranks.train_ctx) if ranks.trains else {}
             warmup.update(ranks.from_trainer(sft))
         state.ref = build_reference(cfg, source, actor) if cfg.algorithm.kl_coef > 0 and ranks.trains else None
+        if rebalance is not None:  # [rebalance] plans and destination skeletons of every move, in the background
+            rebalance.prepare_moves(ranks.rollout.size)
         rng, alg = random.Random(cfg.trainer.seed + 1), cfg.algorithm
         kl_ctl = make_kl_controller(alg.kl_ctrl, alg.kl_coef, alg.kl_target, alg.kl_horizon)
         state.sync_weights()  # the engines generate with the warmed-up weights

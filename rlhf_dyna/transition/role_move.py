@@ -98,16 +98,18 @@ def _of_kinds(state: Mapping[StateKey, Tensor], kinds: tuple[Kind, ...]) -> dict
 def move_role_state(source: TrainEngine | None, destination: TrainEngine | None,
                     src_spec: ParallelSpec, dst_spec: ParallelSpec, reference: TrainEngine | None = None,
                     budget_bytes: int = DEFAULT_BUDGET_BYTES, recorder: TraceRecorder | None = None,
-                    trace_name: str = "role_move", catalog: ModelCatalog | None = None) -> RoleMoveStats:
+                    trace_name: str = "role_move", catalog: ModelCatalog | None = None,
+                    step: float | None = None) -> RoleMoveStats:
     """Collective over the world. `source` / `destination`: this rank's engine in the source / destination set, or
     None where the rank is outside that set. `reference`: an engine every rank holds with the same model (its dtypes
     name the catalog, identically on every rank); or, where some ranks hold none (placement=split), the `catalog`
-    itself. Parameters always move; AdamW moments when the source has them."""
+    itself. Parameters always move; AdamW moments when the source has them. `step`: the source's AdamW step counter
+    (`optimizer_step`, -1 without moments) where every rank knows it already; None: broadcast from the source set."""
     if catalog is None and reference is None:
         raise ValueError("move_role_state needs the model's catalog: pass reference= (an engine on every rank) or "
                          "catalog=")
     start, rank = time.perf_counter(), dist.get_rank()
-    step = shared_step(source, src_spec.first_rank)
+    step = shared_step(source, src_spec.first_rank) if step is None else step
     kinds = ALL_KINDS if step >= 0 else (Kind.PARAM,)
     if destination is not None:
         prepare_optimizer(destination, step)

@@ -44,3 +44,36 @@ def test_fsdp_dp2_trains_and_micro_batches_match_full_batch() -> None:
 @pytest.mark.parametrize("tie", [False, True], ids=["vocab_parallel", "tied_replicated"])
 def test_fsdp_tp_dp2_tp2_trains_and_micro_batches_match_full_batch(tie: bool) -> None:
     run_ranks(_train_checks, 4, 2, tie)
+
+
+def _skeleton_checks(rank: int, world: int, tp: int, tie: bool) -> None:
+    """An engine built on meta without `materialize` (a rebalancing move's destination built ahead) and given its
+    shards later by `materialize_now` trains exactly as the engine it copies: its optimizer holds the real shards."""
+    from rlhf_dyna.models.build import make_hf_config
+    from rlhf_dyna.models.meta_init import meta_policy, recompute_buffers_
+
+    mesh = build_mesh(world // tp, tp)
+    real = TrainEngine(build_policy(tiny_spec(tie=tie), seed=3), mesh, lr=1e-2, grad_clip=1.0)
+    skeleton = TrainEngine(meta_policy(make_hf_config(tiny_spec(tie=tie)), torch.float32), mesh, lr=1e-2, grad_clip=1.0)
+    assert all(p.is_meta for p in skeleton.model.parameters())
+
+    def materialize(model) -> None:
+        model.to_empty(device=torch.device("cpu"))
+        recompute_buffers_(model, torch.device("cpu"))
+
+    skeleton.materialize_now(materialize)
+    with torch.no_grad():
+        for p, q in zip(skeleton.model.parameters(), real.model.parameters(), strict=True):
+            p.to_local().copy_(q.to_local())
+    assert {id(p) for g in skeleton.optimizer.param_groups for p in g["params"]} == \
+        {id(p) for p in skeleton.model.parameters()}
+    batch = random_batch(seed=100 + mesh["dp"].get_local_rank(), batch=2)
+    for _ in range(2):
+        assert skeleton.step(batch, nll_loss)["loss"] == real.step(batch, nll_loss)["loss"]
+    for (name, p), (_, q) in zip(full_state_dict(skeleton), full_state_dict(real)):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.timeout(120)
+def test_skeleton_engine_materialized_later_trains_as_the_engine_it_copies() -> None:
+    run_ranks(_skeleton_checks, 2, 1, True)
