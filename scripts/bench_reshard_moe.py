@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bench.vllm_rows import _whole_plan, bench_to_vllm
+from bench.vllm_rows import whole_plan, bench_to_vllm
 from bench_report import machine, summarize
 from bench_reshard import count_params, free_port, random_source
 from rlhf_dyna.models.build import ModelSpec
@@ -89,7 +89,7 @@ def rank_main(rank: int, world: int, port: int, size: str, target: str, out: str
     records, floor, rollout = bench_to_vllm(engine, Path(f"{out}.model"), ROLLOUT_TP, REPEATS, TARGETS[target])
     for record in records:
         record["transition"] = target
-    wire, local = planned_expert_share(_whole_plan(engine, rollout, floor["budget_bytes"]).schedule.plan)
+    wire, local = planned_expert_share(whole_plan(engine, rollout, floor["budget_bytes"]).schedule.plan)
     report = dict(rank=rank, records=records, floor={target: floor}, live_share=live_expert_share(rollout),
                   planned_expert_wire=wire, planned_expert_local=local)
     gathered: list[object] = [None] * world

@@ -21,7 +21,6 @@ import os
 import shutil
 import statistics
 import time
-import zlib
 from pathlib import Path
 
 import torch
@@ -34,7 +33,6 @@ from rlhf_dyna.models.build import ModelSpec, make_hf_config
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.train.pipeline_engine import make_engine
 from bench import baselines
-from rlhf_dyna.transition.movers import local_of
 from rlhf_dyna.transition.relayout import (MeshCache, TrainLayout, allocate_optimizer_state, bind_train_state,
                                            empty_engine_like, meta_skeleton, relayout)
 from rlhf_dyna.transition.vps_mover import make_vps_mover
@@ -75,18 +73,7 @@ def count_params(size: str) -> int:
 
 def make_source(size: str, meshes: MeshCache) -> TrainEngine:
     """dp=world FSDP2 engine with random weights and AdamW state (same values every time), shard by shard."""
-    if size in SIZES:
-        return random_source(SIZES[size], meshes, adamw_state=True)
-    engine = TrainEngine(skeleton(size), meshes.get(dist.get_world_size(), 1), lr=1e-4)
-    engine.model.to_empty(device=engine.device)
-    allocate_optimizer_state(engine, torch.tensor(10.0))
-    with torch.no_grad():
-        for (name, kind), tensor in sorted(bind_train_state(engine).items()):
-            seed = zlib.crc32(f"{name}/{kind}/{dist.get_rank()}".encode())
-            local_of(tensor).normal_(generator=torch.Generator().manual_seed(seed))
-            if kind == "exp_avg_sq":
-                local_of(tensor).abs_()
-    return engine
+    return random_source(ALL_SIZES[size], meshes, adamw_state=True)
 
 
 def _total(value: float) -> float:
