@@ -121,7 +121,8 @@ def test_unbalanced_split_rebalances_and_logs_what_colocate_logs(tmp_path, coloc
     assert first["reshard/actor/rebalance/bytes_moved"] > 2 * first["reshard/reference/rebalance/bytes_moved"]  # AdamW
     assert first["placement/wait_seconds"] <= 0.1 * first["placement/build_seconds"] + 0.01
     after = rows[first["step"] + 1]
-    assert "rebalance/measured_gain_s" in after and after["rebalance/rollout_ranks"] == first["rebalance/rollout_ranks"]
+    assert "rebalance/measured_gain_s" in after  # the step after a move measures its gain
+    assert after["rebalance/rollout_ranks"] <= first["rebalance/rollout_ranks"]  # training-bound: never back to 3
 
     assert_same_metrics(colocate, rows)  # a placement, and its changes, never change results
 
