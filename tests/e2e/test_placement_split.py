@@ -25,14 +25,15 @@ import pytest
 from tests.e2e.test_placement_lend import assert_same_metrics
 from tests.e2e.test_recipes import read_metrics
 
-GRPO4 = [  # 12 prompts and 12 eval examples divide over 1, 2, 3 and 4 rollout ranks; 48 rows over dp 1, 2, 3 and 4;
-    # micro-batches of 1 row make training, not generation, the longer phase on 3+1 on an idle machine too
+GRPO4 = [  # 12 prompts and 12 eval examples divide over 1, 2, 3 and 4 rollout ranks; 48 rows over dp 1, 2, 3 and 4
     "recipe=grpo_tiny", "parallel.world_size=4", "trainer.sft_warmup_steps=30", "trainer.precision=fp32",
     "task.prompts_per_step=12", "rollout.n=4", "task.partial_credit=true", "task.eval_size=12", "task.eval_every=2",
-    "trainer.total_steps=3", "algorithm.mini_batches=2", "algorithm.epochs=2", "algorithm.micro_batch_size=1",
+    "trainer.total_steps=3", "algorithm.mini_batches=2", "algorithm.epochs=2", "algorithm.micro_batch_size=4",
     "algorithm.kl_coef=0.02",
     "trainer.save_last=false", "trainer.export_policy=false", "tracking.wandb_mode=disabled",
 ]
+# micro-batches of 1 row make training, not generation, the longer phase on 3+1 on an idle machine too
+GRPO4_MB1 = [*GRPO4, "algorithm.micro_batch_size=1"]
 REBALANCE = ["placement=split", "placement.max_staleness=0", "placement.rollout_ranks=3", "placement.rebalance=true",
              "placement.rebalance_every=1", "placement.rebalance_margin=0.05"]
 SYNC = "reshard/actor/train_actor_to_generate"
@@ -102,9 +103,10 @@ def test_split_staleness_0_logs_what_colocate_logs(tmp_path, colocate):
 
 
 @pytest.mark.timeout(900)
-def test_unbalanced_split_rebalances_and_logs_what_colocate_logs(tmp_path, colocate):
+def test_unbalanced_split_rebalances_and_logs_what_colocate_logs(tmp_path):
+    colocate = run(tmp_path / "colocate", *GRPO4_MB1)
     before = weight_files()
-    rows = run(tmp_path / "rebalance", *GRPO4, *REBALANCE)
+    rows = run(tmp_path / "rebalance", *GRPO4_MB1, *REBALANCE)
     assert with_mark(str(tmp_path / "rebalance")) == [], "engine or rank processes outlived the run"
     assert weight_files() - before == set(), "the run left its weight files in /dev/shm"
 
