@@ -33,7 +33,7 @@ GRPO4 = [  # 12 prompts and 12 eval examples divide over 1, 2, 3 and 4 rollout r
     "trainer.save_last=false", "trainer.export_policy=false", "tracking.wandb_mode=disabled",
 ]
 # micro-batches of 1 row make training, not generation, the longer phase on 3+1 on an idle machine too
-GRPO4_MB1 = [*GRPO4, "algorithm.micro_batch_size=1"]
+GRPO4_MB1 = [a.replace("micro_batch_size=4", "micro_batch_size=1") for a in GRPO4]
 REBALANCE = ["placement=split", "placement.max_staleness=0", "placement.rollout_ranks=3", "placement.rebalance=true",
              "placement.rebalance_every=1", "placement.rebalance_margin=0.05"]
 SYNC = "reshard/actor/train_actor_to_generate"
