@@ -11,6 +11,14 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 
+def mesh_device_type() -> str:
+    """"cuda" under NCCL (this rank's GPU selected from LOCAL_RANK), else "cpu"."""
+    if "nccl" not in dist.get_backend():
+        return "cpu"
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
+    return "cuda"
+
+
 def build_mesh(dp: int, tp: int, tp_outer: bool = False, first_rank: int = 0) -> DeviceMesh:
     """Mesh with dims ("dp", "tp"); tp innermost so a TP group is `tp` consecutive ranks, as in vLLM, or with
     tp_outer a dp group is `dp` consecutive ranks (rank = first_rank + t * dp + d)."""
@@ -18,9 +26,7 @@ def build_mesh(dp: int, tp: int, tp_outer: bool = False, first_rank: int = 0) ->
     if first_rank < 0 or first_rank + dp * tp > world:
         raise ValueError(f"dp={dp} x tp={tp} ranks from rank {first_rank} do not fit the world of {world} ranks; "
                          f"valid: first_rank + dp * tp <= {world}")
-    device_type = "cuda" if "nccl" in dist.get_backend() else "cpu"
-    if device_type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
+    device_type = mesh_device_type()
     if tp_outer or first_rank or dp * tp != world:
         return DeviceMesh(device_type, mesh_ranks(dp, tp, tp_outer) + first_rank, mesh_dim_names=("dp", "tp"))
     return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
@@ -53,9 +59,7 @@ def build_pp_mesh(pp: int, dp: int, tp: int = 1) -> DeviceMesh:
     if pp * dp * tp != world:
         raise ValueError(f"pp={pp} x dp={dp} x tp={tp} = {pp * dp * tp} ranks but the world has {world}; "
                          f"valid: pp * dp * tp == {world}")
-    device_type = "cuda" if "nccl" in dist.get_backend() else "cpu"
-    if device_type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
+    device_type = mesh_device_type()
     return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
 
 
@@ -70,9 +74,7 @@ def build_ep_mesh(dp: int, ep: int, tp: int = 1) -> DeviceMesh:
     if dp * tp != world or ep < 1 or dp % ep:
         raise ValueError(f"dp={dp} x tp={tp} with ep={ep} on a world of {world} ranks; valid: dp * tp == {world} and "
                          f"ep dividing dp (ep in {[e for e in range(1, dp + 1) if dp % e == 0]})")
-    device_type = "cuda" if "nccl" in dist.get_backend() else "cpu"
-    if device_type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
+    device_type = mesh_device_type()
     mesh = init_device_mesh(device_type, (dp // ep, ep, tp), mesh_dim_names=EP_MESH_DIMS)
     mesh["edp", "ep"]._flatten("dp")  # registered on the root: mesh["dp"] is then the 1-D data-parallel mesh
     return mesh

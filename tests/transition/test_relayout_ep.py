@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.distributed.tensor import DTensor
 
 from rlhf_dyna.models.build import build_policy
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.train.mesh import build_mesh
-from rlhf_dyna.transition.relayout import LayoutSwitch, TrainLayout, bind_train_state, layout_of, relayout, switch_at
-from rlhf_dyna.transition.vps_mover import make_vps_mover
-from tests.engines._common import nll_loss, random_batch
+from rlhf_dyna.transition.relayout import LayoutSwitch, TrainLayout, layout_of
+from tests.engines._common import nll_loss
 from tests.engines._dist import run_ranks
 from tests.train.test_expert_parallel import MOE
-
-GLOBAL_BATCH = 8
-STEPS = 6
+from tests.transition._layout_switches import full_state, losses, rows, switch
 EP = TrainLayout(dp=4, tp=1, ep=2)
 DP = TrainLayout(dp=4, tp=1)
 
@@ -26,27 +22,12 @@ def _engine() -> TrainEngine:
     return TrainEngine(build_policy(MOE, seed=3), build_mesh(4, 1), lr=1e-2, grad_clip=1.0, micro_batch_size=2)
 
 
-def _rows(engine: TrainEngine, step: int) -> dict[str, torch.Tensor]:
-    batch = random_batch(seed=1000 + step % 2, batch=GLOBAL_BATCH)
-    rows = GLOBAL_BATCH // engine.dp_size
-    return {k: v[engine.dp_rank * rows:(engine.dp_rank + 1) * rows] for k, v in batch.items()}
-
-
-def _full_state(engine: TrainEngine) -> dict[tuple[str, str], torch.Tensor]:
-    return {k: (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
-            for k, t in sorted(bind_train_state(engine).items())}
-
-
-def _switch(engine: TrainEngine, layout: TrainLayout):
-    return relayout(engine, layout, mover=make_vps_mover(engine.model.config, in_place=True, verify=True))
-
-
 def _carried_exactly(rank: int) -> None:
     engine = _engine()
     for step in range(2):
-        engine.step(_rows(engine, step), nll_loss)
-    before = _full_state(engine)
-    engine, there = _switch(engine, EP)
+        engine.step(rows(engine, step), nll_loss)
+    before = full_state(engine)
+    engine, there = switch(engine, EP)
     assert layout_of(engine) == EP
     received = torch.tensor([there.bytes_received])
     torch.distributed.all_reduce(received)
@@ -54,36 +35,25 @@ def _carried_exactly(rank: int) -> None:
     assert (there.bytes_received > 0) == (rank in (1, 2)), (rank, there.bytes_received)
     experts = engine.model.model.layers[0].mlp.experts.down_proj
     assert experts.device_mesh.mesh_dim_names == ("edp", "ep") and experts.to_local().shape[0] == 2
-    after = _full_state(engine)
+    after = full_state(engine)
     assert after.keys() == before.keys()
     for key, tensor in after.items():
         assert torch.equal(tensor, before[key]), key
-    engine.step(_rows(engine, 2), nll_loss)  # it trains in the expert-parallel layout
-    trained = _full_state(engine)
-    engine, _ = _switch(engine, DP)
+    engine.step(rows(engine, 2), nll_loss)  # it trains in the expert-parallel layout
+    trained = full_state(engine)
+    engine, _ = switch(engine, DP)
     assert layout_of(engine) == DP
-    for key, tensor in _full_state(engine).items():
+    for key, tensor in full_state(engine).items():
         assert torch.equal(tensor, trained[key]), key
     assert {float(s["step"]) for s in engine.optimizer.state.values()} == {3.0}
     if rank == 0:
         print(f"dp4 -> ep2: {int(received)} B received over all ranks")
 
 
-def _losses(schedule: list[LayoutSwitch]) -> list[float]:
-    engine = _engine()
-    losses = []
-    for step in range(1, STEPS + 1):
-        layout = switch_at(schedule, step)
-        if layout is not None:
-            engine, _ = _switch(engine, layout)
-        losses.append(engine.step(_rows(engine, step), nll_loss)["loss"])
-    return losses
-
-
 def _switches_keep_losses(rank: int, world: int) -> None:
     _carried_exactly(rank)
-    plain = _losses([])
-    switched = _losses([LayoutSwitch(3, 4, 1, ep=2), LayoutSwitch(5, 4, 1)])
+    plain = losses(_engine, [])
+    switched = losses(_engine, [LayoutSwitch(3, 4, 1, ep=2), LayoutSwitch(5, 4, 1)])
     for a, b in zip(plain, switched):
         assert abs(a - b) <= 1e-5 * abs(a), (plain, switched)
     if rank == 0:
