@@ -55,7 +55,7 @@ class SubsetVLLMRollout(VLLMRollout):
                  enable_prefix_caching: bool = True, block_size: int | None = None, rank: int = 0) -> None:
         from vllm import LLM
 
-        self.tp, self.dp_size, self.dp_rank = 1, 1, 0
+        self.tp, self.dp_size, self.dp_rank, self.expert_parallel = 1, 1, 0, False
         self.rank = rank
         self.shm_path = SHM_DIR / f"{os.environ.get('VLLM_DIST_IDENT', 'rlhfdyna-local')}-weights-{rank}"
         previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")

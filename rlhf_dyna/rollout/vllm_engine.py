@@ -23,6 +23,9 @@ from pathlib import Path
 import torch.distributed as dist
 from torch import Tensor
 
+from rlhf_dyna.models.moe_weights import to_checkpoint_names
+from rlhf_dyna.rollout.vllm_moe_cpu import repack_all_experts
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -31,8 +34,6 @@ class Sample:
 
 
 class VLLMRollout:
-    expert_parallel: bool = False  # MoE layers hold whole experts per rank (vLLM's enable_expert_parallel)
-
     def __init__(
         self,
         model_dir: str | Path,
@@ -121,11 +122,13 @@ class VLLMRollout:
         ]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        """Load full tensors by HF name (checkpoint format; vLLM shards/fuses/repacks them itself),
-        then drop the prefix cache, whose KV was computed with the old weights."""
+        """Load full tensors by HF name (checkpoint format, MoE experts by their per-expert names; vLLM shards, fuses
+        and repacks them itself, but for its CPU expert kernels, prepacked here), then drop the prefix cache, whose KV
+        was computed with the old weights."""
         self.llm.collective_rpc(
-            "reload_weights", kwargs=dict(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
+            "reload_weights", kwargs=dict(weights_iterator=to_checkpoint_names(named_tensors), is_checkpoint_format=True)
         )
+        self.llm.apply_model(repack_all_experts)
         self.reset_prefix_cache()
 
     def reset_prefix_cache(self) -> None:

@@ -80,7 +80,7 @@ def pipeline_order(state: Mapping[StateKey, Tensor]) -> tuple[int, int]:
 def expert_parallel_size(state: Mapping[StateKey, Tensor]) -> int:
     """ep of the experts' ("edp", "ep") DTensors (train.expert_parallel on train.mesh.build_ep_mesh); 1 without EP."""
     for t in state.values():
-        names = t.device_mesh.mesh_dim_names or () if isinstance(t, DTensor) else ()
+        names = (t.device_mesh.mesh_dim_names or ()) if isinstance(t, DTensor) else ()
         if "ep" in names:
             return t.device_mesh.size(names.index("ep"))
     return 1

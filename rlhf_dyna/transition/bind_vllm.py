@@ -73,7 +73,7 @@ class VllmDestination:
         self.staged = current_platform.is_cpu() or not all(
             tuple(params[n].shape) == b.shape and params[n].dtype == TORCH_DTYPES[b.dtype] for n, b in wanted.items())
         self.kernel = {} if self.staged else {n: params[n].data for n in wanted}
-        self._specs: dict[int, tuple[Layout, list]] = {}
+        self._specs: dict[Layout, list] = {}  # a Layout hashes by identity
 
     def buffers(self, layout: Layout) -> dict[str, Tensor]:
         """Where the executor writes `layout`'s pieces: the live parameters (in place), or staging buffers shaped like
@@ -90,11 +90,10 @@ class VllmDestination:
 
     def _staging_specs(self, layout: Layout) -> list[tuple[str, tuple[int, ...], torch.dtype, bool]]:
         """(name, shape, dtype, has rows no piece fills) of each staging buffer, worked out once per layout."""
-        if id(layout) not in self._specs:
+        if layout not in self._specs:
             wanted = layout.buffers(self.rank)
             covered = dict.fromkeys(wanted, 0)
             for piece in layout.pieces(self.rank):
                 covered[piece.buffer] += piece.box.volume
-            specs = [(n, b.shape, TORCH_DTYPES[b.dtype], covered[n] < prod(b.shape)) for n, b in wanted.items()]
-            self._specs[id(layout)] = (layout, specs)  # the layout is kept: its id stays its own
-        return self._specs[id(layout)][1]
+            self._specs[layout] = [(n, b.shape, TORCH_DTYPES[b.dtype], covered[n] < prod(b.shape)) for n, b in wanted.items()]
+        return self._specs[layout]

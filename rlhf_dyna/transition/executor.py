@@ -322,7 +322,9 @@ def execute(
         peak = max(peak, io.staged_bytes)
         i = j
     if pending_copies:  # a plan without rounds
+        copy_start = time.perf_counter()
         run_copies(p.plan.copies, src_buffers, dst_buffers)
+        copying += time.perf_counter() - copy_start
         for name in releases.pop(-1, []):
             release(name)
     if device.type == "cuda":

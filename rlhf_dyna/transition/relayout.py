@@ -71,8 +71,6 @@ def validate_schedule(schedule: Sequence[LayoutSwitch], world_size: int) -> None
                              f"!= world size {world_size}")
         if switch.zero not in (1, 2, 3):
             raise ValueError(f"layout switch at step {switch.step}: zero={switch.zero}; valid: 1, 2, 3")
-        if switch.ep < 1 or switch.dp % switch.ep:
-            raise ValueError(f"layout switch at step {switch.step}: ep={switch.ep} does not divide dp={switch.dp}")
 
 
 def switch_at(schedule: Sequence[LayoutSwitch], step: int) -> TrainLayout | None:
@@ -80,13 +78,21 @@ def switch_at(schedule: Sequence[LayoutSwitch], step: int) -> TrainLayout | None
     return next((s.layout for s in schedule if s.step == step), None)
 
 
+def mesh_key(mesh: DeviceMesh) -> tuple[int, int, bool, int, int]:
+    """(dp, tp, tp_outer, pp, ep) of a training mesh made by train.mesh (build_mesh, build_pp_mesh, build_ep_mesh)."""
+    if "pp" in (mesh.mesh_dim_names or ()):
+        return mesh["dp"].size(), mesh["tp"].size(), False, mesh["pp"].size(), 1
+    if is_ep_mesh(mesh):
+        return mesh["dp"].size(), mesh["tp"].size(), False, 1, mesh["ep"].size()
+    return mesh["dp"].size(), mesh["tp"].size(), is_tp_outer(mesh), 1, 1
+
+
 def layout_of(engine: TrainEngine) -> TrainLayout:
     if isinstance(engine, PipelineEngine):
         return TrainLayout(engine.dp_size, engine.mesh["tp"].size(), engine.zero, pp=engine.pp_size,
                            pp_schedule=engine.schedule_name)
-    if is_ep_mesh(engine.mesh):
-        return TrainLayout(engine.mesh["dp"].size(), engine.mesh["tp"].size(), engine.zero, ep=engine.mesh["ep"].size())
-    return TrainLayout(engine.mesh["dp"].size(), engine.mesh["tp"].size(), engine.zero, is_tp_outer(engine.mesh))
+    dp, tp, tp_outer, _, ep = mesh_key(engine.mesh)
+    return TrainLayout(dp, tp, engine.zero, tp_outer, ep=ep)
 
 
 class MeshCache:
@@ -97,12 +103,7 @@ class MeshCache:
         self._meshes: dict[tuple[int, int, bool, int, int], DeviceMesh] = {}
 
     def add(self, mesh: DeviceMesh) -> None:
-        if "pp" in (mesh.mesh_dim_names or ()):
-            self._meshes.setdefault((mesh["dp"].size(), mesh["tp"].size(), False, mesh["pp"].size(), 1), mesh)
-        elif is_ep_mesh(mesh):
-            self._meshes.setdefault((mesh["dp"].size(), mesh["tp"].size(), False, 1, mesh["ep"].size()), mesh)
-        else:
-            self._meshes.setdefault((mesh["dp"].size(), mesh["tp"].size(), is_tp_outer(mesh), 1, 1), mesh)
+        self._meshes.setdefault(mesh_key(mesh), mesh)
 
     def get(self, dp: int, tp: int, tp_outer: bool = False, pp: int = 1, ep: int = 1) -> DeviceMesh:
         key = (dp, tp, tp_outer, pp, ep)

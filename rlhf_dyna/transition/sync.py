@@ -2,8 +2,6 @@
 
 `NaiveSync` gathers every parameter whole on every rank (`DTensor.full_tensor()`) and streams the
 full tensors, by HF name, into vLLM's checkpoint-format loader. It stays as the benchmark baseline.
-MoE: transformers' fused expert tensors go by their checkpoint names (one per expert, models/moe_weights), and
-vLLM's CPU expert kernels are prepacked again afterwards (transition/vllm_moe_cpu).
 """
 from __future__ import annotations
 
@@ -18,10 +16,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from rlhf_dyna.models.moe_weights import to_checkpoint_names
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
 from rlhf_dyna.train.engine import TrainEngine, full_state_dict, reshard
-from rlhf_dyna.transition.vllm_moe_cpu import repack_all_experts
 
 
 @dataclass(frozen=True)
@@ -83,8 +79,7 @@ class NaiveSync(WeightSync):
                     buffers.track(full)
                 yield name, full
 
-        rollout.load_weights(to_checkpoint_names(stream()))
-        rollout.llm.apply_model(repack_all_experts)  # CPU MoE: vLLM's reload leaves its experts unpacked
+        rollout.load_weights(stream())
         seconds = time.perf_counter() - start
         total = torch.tensor([received], dtype=torch.int64, device=train_engine.device)
         dist.all_reduce(total)

@@ -19,7 +19,7 @@ from types import TracebackType
 import torch
 from torch import Tensor, nn
 
-from rlhf_dyna.transition.vllm_moe_cpu import repack_installed_experts
+from rlhf_dyna.rollout.vllm_moe_cpu import repack_installed_experts
 
 
 class LayerwiseInstaller:
@@ -71,6 +71,7 @@ class LayerwiseInstaller:
                 layer_name, _, attr = alias.rpartition(".")
                 layer_name = first_name.setdefault(id(self.model.get_submodule(layer_name)), layer_name)
                 per_layer.setdefault(layer_name, {})[attr] = tensor
+        held: set[int] = set()  # storage a processed layer kept as its own (e.g. a tied embedding): not reusable staging
         for layer_name, tensors in per_layer.items():
             layer = self.model.get_submodule(layer_name)
             info = get_layerwise_info(layer)
@@ -86,11 +87,9 @@ class LayerwiseInstaller:
                 param.data = tensor  # adopt the staged storage: no copy before the repack
             _layerwise_process(layer, info)  # process_weights_after_loading, copy into the kernel tensors
             repack_installed_experts(layer)  # CPU MoE: vLLM skips its expert prepack on updates
-        if self.installed is not None:  # staging that a layer kept as its own storage (e.g. a tied embedding) is not reused
-            held = {t.untyped_storage().data_ptr() for name in per_layer
-                    for t in (*self.model.get_submodule(name).parameters(), *self.model.get_submodule(name).buffers())}
+            held.update(t.untyped_storage().data_ptr() for t in (*layer.parameters(), *layer.buffers()))
+        if self.installed is not None:
             self.installed([t for t in staged.values() if t.untyped_storage().data_ptr() not in held])
-        per_layer.clear()
         self.install_seconds += time.perf_counter() - start
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:

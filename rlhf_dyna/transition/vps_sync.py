@@ -20,10 +20,11 @@ from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.transition.bind_train import StateKey, bind_train_buffers, train_catalog, train_spec
-from rlhf_dyna.transition.bind_vllm import VllmDestination, rollout_dtype, rollout_spec
+from rlhf_dyna.transition.bind_vllm import STAGING_POOL, VllmDestination, rollout_dtype, rollout_spec
 from rlhf_dyna.transition.executor import ExecStats, execute
 from rlhf_dyna.transition.relayout import bind_train_state
 from rlhf_dyna.transition.sync import SyncStats, WeightSync
+from rlhf_dyna.transition.tensor_pool import TensorPool
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.transition.vllm_install import LayerwiseInstaller
@@ -36,7 +37,8 @@ class VpsSync(WeightSync):
     name = "vps"
 
     def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES, verify: bool = False,
-                 recorder: TraceRecorder | None = None, overlap_install: bool = False) -> None:
+                 recorder: TraceRecorder | None = None, overlap_install: bool = False,
+                 pool: TensorPool = STAGING_POOL) -> None:
         self.budget_bytes = budget_bytes
         self.verify = verify  # checksum every received piece against its source (tests)
         self.recorder = recorder  # one trace event per round when set
@@ -47,15 +49,17 @@ class VpsSync(WeightSync):
         self.last: ExecStats | None = None  # this rank's executor stats of the latest sync (summed over its groups)
         self.phases: dict[str, float] = {}  # seconds of the latest sync: plan, move (+ install when overlapped), install
         self.on_staged: Callable[[dict[str, Tensor]], None] | None = None  # sees each staged group before its install
-        self._cache: dict[tuple, SyncPlans] = {}
+        self.pool = pool  # the CPU install's staging, kept between groups and syncs
+        self._plans_cached: SyncPlans | None = None  # the latest (training layout, engine)'s
 
     def sync(self, train_engine: TrainEngine, rollout: VLLMRollout) -> SyncStats:
         start, rank = time.perf_counter(), dist.get_rank()
         params = {key: t for key, t in bind_train_state(train_engine).items() if key[1] == Kind.PARAM.value}
         plans = self._plans(train_engine.model.config, params, rollout, rank)
         moving = time.perf_counter()
-        if plans.groups:  # CPU: receive and install group by group, staging bounded by the budget
-            stats, staged = self._grouped(params, plans, rollout)
+        steps: dict[str, float] = {}
+        if plans.destination.staged:  # CPU: receive and install group by group, staging bounded by the budget
+            stats, staged, steps = self._grouped(params, plans, rollout)
         else:  # GPU: straight into vLLM's parameters, in place
             src = bind_train_buffers(params, plans.whole.src, rank, plans.whole.src_buffers)
             stats, staged = [self._execute(plans.whole, src, plans.destination.buffers(plans.whole.dst))], 0
@@ -67,8 +71,7 @@ class VpsSync(WeightSync):
                               sum(s.rounds for s in stats), sum(s.messages for s in stats),
                               max(s.peak_extra_bytes for s in stats), sum(s.copy_seconds for s in stats),
                               sum(s.wait_seconds for s in stats))
-        self.phases = dict(plan=moving - start, move=installing - moving, install=start + seconds - installing,
-                           **(self._steps if plans.groups else {}))
+        self.phases = dict(plan=moving - start, move=installing - moving, install=start + seconds - installing, **steps)
         total = torch.tensor([self.last.bytes_received], dtype=torch.int64, device=train_engine.device)
         dist.all_reduce(total)
         return SyncStats(seconds=seconds, bytes_moved=int(total), rounds=self.last.rounds,
@@ -79,12 +82,13 @@ class VpsSync(WeightSync):
         re-reads the live shards (about 20 ms a sync at 300M otherwise: catalogs, layouts, names, vLLM's parameters)."""
         src_spec, dst_spec = train_spec(params), rollout_spec(rollout)
         param_dtype = next(iter(params.values())).dtype
-        key = (id(config), param_dtype, src_spec, id(rollout), dst_spec)
-        if key in self._cache:
-            return self._cache[key]
+        cached = self._plans_cached
+        if (cached is not None and cached.config is config and cached.rollout is rollout
+                and cached.specs == (param_dtype, src_spec, dst_spec)):
+            return cached
         src_catalog, dst_catalog = train_catalog(config, params), catalog_from_config(config, rollout_dtype(rollout))
         whole = planned(src_catalog, src_spec, dst_catalog, dst_spec, (Kind.PARAM,), self.budget_bytes, rank)
-        destination = VllmDestination(rollout, whole.dst, rank)
+        destination = VllmDestination(rollout, whole.dst, rank, self.pool)
         groups = []
         if destination.staged:  # groups of layers of at most budget/8 per rank each (see _grouped)
             itemsize = torch.empty((), dtype=TORCH_DTYPES[dst_catalog.param_dtype]).element_size()
@@ -93,17 +97,19 @@ class VpsSync(WeightSync):
                 t = planned(sub_catalog(src_catalog, group), src_spec, sub_catalog(dst_catalog, group), dst_spec,
                             (Kind.PARAM,), self.budget_bytes // 2, rank)
                 groups.append(StagedGroup(t, tuple(k for k in params if k[0] in names)))
-        self._cache = {key: SyncPlans(whole, destination, groups, (rollout, config))}  # the latest engine only
-        return self._cache[key]
+        self._plans_cached = SyncPlans(whole, destination, groups, config, rollout, (param_dtype, src_spec, dst_spec))
+        return self._plans_cached
 
     def _execute(self, t, src, dst, first_round: int = 0) -> ExecStats:
         return execute(t.rank_plan, src, dst, verify=self.verify, trace=self.recorder, trace_name="train_to_rollout",
                        first_round=first_round)
 
-    def _grouped(self, params: dict, plans: SyncPlans, rollout: VLLMRollout) -> tuple[list[ExecStats], int]:
+    def _grouped(self, params: dict, plans: SyncPlans,
+                 rollout: VLLMRollout) -> tuple[list[ExecStats], int, dict[str, float]]:
         """Groups of layers of at most budget/8 per rank each: the executor gets budget/2, at most two groups are
         staged at once (one being received, one being installed) and the repack copies one layer more, so the
-        peak stays within the budget plus the largest layer. Returns the groups' stats and the most staged bytes."""
+        peak stays within the budget plus the largest layer. Returns the groups' stats, the most staged bytes and the
+        seconds of each step summed over the groups."""
         rank, stats, peak_staged, alive = dist.get_rank(), [], 0, []
         destination = plans.destination
         steps = dict.fromkeys(("group_bind", "group_stage", "group_execute", "group_install"), 0.0)
@@ -134,8 +140,7 @@ class VpsSync(WeightSync):
                 del staged
                 lap("group_install")
         lap("group_install")
-        self._steps = dict(steps, install_work=installer.install_seconds)
-        return stats, peak_staged
+        return stats, peak_staged, dict(steps, install_work=installer.install_seconds)
 
 
 @dataclass(frozen=True)
@@ -149,4 +154,6 @@ class SyncPlans:
     whole: PlannedTransition
     destination: VllmDestination
     groups: list[StagedGroup]  # CPU: the layer groups, staged and installed one by one; GPU: none (in place)
-    alive: tuple  # the objects whose ids key the cache, kept alive so that no other object can take their ids
+    config: object  # what the plans were worked out for: the model config, the engine, (param dtype, specs)
+    rollout: VLLMRollout
+    specs: tuple

@@ -33,6 +33,9 @@ class Role(str, Enum):
     EXPERT_DOWN = "expert_down"  # [E, H, I]
 
 
+EXPERT_ROLES = frozenset({Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN})  # an MoE layer's experts
+
+
 @dataclass(frozen=True)
 class ModelDims:
     """The numbers of an architecture that decide shapes and valid parallel sizes."""

@@ -11,7 +11,7 @@ import numpy as np
 from .geometry import Geometry
 from .layout import Entry
 from .mesh import fused_placer, mesh_pieces
-from .model import CatalogTensor, ModelCatalog, ModelDims, Role
+from .model import EXPERT_ROLES, CatalogTensor, ModelCatalog, ModelDims, Role
 from .spec import ParallelSpec
 from .split import even, linear, pad_to_multiple, padded, replicated_groups
 from .tensor import Kind
@@ -75,7 +75,7 @@ def stage_pieces(t: CatalogTensor, dims: ModelDims, stage: np.ndarray, spec: Par
         return mesh_pieces(t.shape, stage, axes, {0: [("tp", even)]}, slot, place)
     if role in (Role.O, Role.DOWN):
         return mesh_pieces(t.shape, stage, axes, {1: [("tp", even)]}, slot)
-    if role in (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN):
+    if role in EXPERT_ROLES:
         return expert_pieces(t, dims, stage, spec, slot)
     return mesh_pieces(t.shape, stage, axes, {}, slot)  # norms, router: replicated
 

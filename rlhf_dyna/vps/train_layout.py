@@ -17,7 +17,7 @@ from .geometry import Geometry
 from .layout import Entry
 from .layout_types import contiguous_strides
 from .mesh import Steps, mesh_pieces
-from .model import CatalogTensor, ModelCatalog, Role
+from .model import EXPERT_ROLES as EXPERT, CatalogTensor, ModelCatalog, Role
 from .spec import ParallelSpec
 from .split import chunk, even
 from .tensor import Kind
@@ -26,7 +26,6 @@ from .validate import stage_layers, validate
 COLUMN = {Role.Q, Role.K, Role.V, Role.GATE, Role.UP, Role.Q_BIAS, Role.K_BIAS, Role.V_BIAS}
 ROW = {Role.O, Role.DOWN}
 VOCAB = {Role.EMBED, Role.LM_HEAD}  # torchtitan: embedding RowwiseParallel, lm_head ColwiseParallel: both Shard(0)
-EXPERT = {Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN}
 
 
 def sharded_kind(zero: int, kind: Kind) -> bool:

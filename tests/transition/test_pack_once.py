@@ -52,3 +52,15 @@ def test_local_copies_from_packed_rows_equal_a_cast_copy_for_any_cuts() -> None:
         run_copies([local], src, dst, io.packed_rows)
         assert torch.equal(dst["local"][1:], src["src"][2:].to(torch.bfloat16))
         assert dst["local"][0].isnan().all()  # nothing outside the region written
+
+
+def test_local_copies_read_the_packed_rows_not_the_source() -> None:
+    src = {"src": torch.randn(14, COLS)}
+    io = RoundIO(src, {}, torch.device("cpu"))
+    io.pack(_message(_transfer("a"), 0, 5))
+    (r0, r1, piece), = io.packed_rows[next(iter(io.packed_rows))]
+    piece.fill_(7)  # the packed rows now differ from a cast of the source: a copy from the source would not show 7
+    dst = {"local": torch.zeros(ROWS, COLS, dtype=torch.bfloat16)}
+    run_copies([_transfer("local")], src, dst, io.packed_rows)
+    assert (r0, r1) == (0, 5) and (dst["local"][:5] == 7).all()
+    assert torch.equal(dst["local"][5:], src["src"][7:].to(torch.bfloat16))

@@ -11,29 +11,17 @@ from torch.distributed.tensor import DTensor
 from rlhf_dyna.models.build import ModelSpec, build_policy
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.train.mesh import build_mesh
-from rlhf_dyna.transition.relayout import LayoutSwitch, TrainLayout, bind_train_state, layout_of, relayout, switch_at
-from tests.engines._common import VOCAB, nll_loss, random_batch
+from rlhf_dyna.transition.relayout import LayoutSwitch, TrainLayout, layout_of, relayout, switch_at
+from tests.engines._common import VOCAB, nll_loss
 from tests.engines._dist import run_ranks
+from tests.transition._layout_switches import STEPS, full_state, rows
 
-GLOBAL_BATCH = 8
-STEPS = 6
 SPEC = ModelSpec(arch="llama", vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)  # tp=4 divides the heads
 
 
 def _engine(world: int) -> TrainEngine:
     return TrainEngine(build_policy(SPEC, seed=3), build_mesh(world, 1), lr=1e-2, grad_clip=1.0)
-
-
-def _my_rows(engine: TrainEngine, step: int) -> dict[str, torch.Tensor]:
-    """This rank's share of the step's global batch (TP peers share rows), so every layout sees the same data."""
-    batch = random_batch(seed=1000 + step % 2, batch=GLOBAL_BATCH)  # two fixed batches, alternating
-    rows = GLOBAL_BATCH // engine.dp_size
-    return {k: v[engine.dp_rank * rows : (engine.dp_rank + 1) * rows] for k, v in batch.items()}
-
-
-def _full_state(engine: TrainEngine) -> dict[tuple[str, str], torch.Tensor]:
-    return {k: (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone() for k, t in bind_train_state(engine).items()}
 
 
 def _params_sharded_over_dp(engine: TrainEngine) -> bool:
@@ -48,23 +36,23 @@ def _step_counter(engine: TrainEngine) -> list[float]:
 def _state_is_carried_exactly(rank: int, world: int) -> None:
     engine = _engine(world)
     for step in range(2):
-        engine.step(_my_rows(engine, step), nll_loss)
-    before = _full_state(engine)
+        engine.step(rows(engine, step), nll_loss)
+    before = full_state(engine)
     for layout in (TrainLayout(dp=2, tp=2, zero=1), TrainLayout(dp=4, tp=1, zero=2), TrainLayout(dp=1, tp=4, zero=3),
                    TrainLayout(dp=4, tp=1, zero=3)):
         engine, stats = relayout(engine, layout)
         assert layout_of(engine) == layout
         assert _step_counter(engine) == [2.0]
         assert _params_sharded_over_dp(engine) == (layout.zero == 3), layout
-        after = _full_state(engine)
+        after = full_state(engine)
         assert after.keys() == before.keys()
         for key, tensor in before.items():
             assert torch.equal(after[key], tensor), (layout, key)  # bit-exact: only copies, no arithmetic
         assert stats.rounds == len(before) and stats.bytes_received > 0
-    metrics = engine.step(_my_rows(engine, 2), nll_loss)  # and it trains on
+    metrics = engine.step(rows(engine, 2), nll_loss)  # and it trains on
     assert _step_counter(engine) == [3.0] and metrics["loss"] > 0
     engine, _ = relayout(engine, TrainLayout(dp=2, tp=2, zero=2))
-    engine.step(_my_rows(engine, 3), nll_loss)
+    engine.step(rows(engine, 3), nll_loss)
     assert not _params_sharded_over_dp(engine)  # ZeRO-2 replicas re-gathered after the step
 
 
@@ -75,7 +63,7 @@ def _train_with_schedule(rank: int, world: int, schedule: list[LayoutSwitch], ou
         layout = switch_at(schedule, step)
         if layout is not None:
             engine, _ = relayout(engine, layout)
-        metrics = engine.step(_my_rows(engine, step), nll_loss)
+        metrics = engine.step(rows(engine, step), nll_loss)
         losses.append(metrics["loss"])
         norms.append(metrics["grad_norm"])
     if rank == 0:

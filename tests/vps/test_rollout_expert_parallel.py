@@ -13,14 +13,13 @@ import torch
 from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.vps.layer_groups import sub_catalog
 from rlhf_dyna.vps.layout import build_layout
-from rlhf_dyna.vps.model import Role
+from rlhf_dyna.vps.model import EXPERT_ROLES
 from rlhf_dyna.vps.plan import Plan, build_plan
 from rlhf_dyna.vps.spec import ParallelSpec, Phase, rollout_spec, train_spec
 from rlhf_dyna.vps.tensor import Kind
 from rlhf_dyna.vps.validate import SpecError
 
 H, I, LAYERS = 8, 4, 2
-EXPERT_ROLES = (Role.EXPERT_GATE, Role.EXPERT_UP, Role.EXPERT_DOWN)
 
 
 def moe_catalog(experts: int):

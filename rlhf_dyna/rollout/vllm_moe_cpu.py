@@ -27,11 +27,9 @@ def owns_w13(module: nn.Module) -> bool:
     return any(name == "w13_weight" for name, _ in module.named_parameters(recurse=False))
 
 
-def repack_all_experts(model: nn.Module) -> int:
-    """After vLLM's own `reload_weights` (the naive sync): prepack every expert layer once. Only the module that owns
-    `w13_weight` is repacked (wrappers that forward `quant_method` would prepack the same bytes twice). Returns how
-    many layers were repacked."""
-    owners = [m for m in model.modules() if cpu_moe_experts(m) is not None and owns_w13(m)]
-    for layer in owners:
-        repack_installed_experts(layer)
-    return len(owners)
+def repack_all_experts(model: nn.Module) -> None:
+    """After vLLM's own `reload_weights`: prepack every expert layer once. Only the module that owns `w13_weight` is
+    repacked (wrappers that forward `quant_method` would prepack the same bytes twice)."""
+    for layer in model.modules():
+        if cpu_moe_experts(layer) is not None and owns_w13(layer):
+            repack_installed_experts(layer)
