@@ -46,14 +46,19 @@ NEW_TOKENS = 8
 
 def hf_greedy(weights: dict[str, Tensor], arch: str, tie: bool, prompts: list[list[int]]) -> list[list[int]]:
     """Greedy tokens of `transformers` `generate` for tiny_spec(arch, tie) with `weights`, one prompt at a time."""
+    return hf_greedy_of(tiny_spec(arch, tie), weights, prompts, NEW_TOKENS)
+
+
+def hf_greedy_of(spec, weights: dict[str, Tensor], prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """Greedy tokens of `transformers` `generate` for the model of `spec` with `weights`, one prompt at a time."""
     from rlhf_dyna.models.build import build_policy
 
-    model = build_policy(tiny_spec(arch, tie)).eval()
+    model = build_policy(spec).eval()
     model.load_state_dict(weights)
     out = []
     for prompt in prompts:  # one at a time: no padding in the reference
         ids = torch.tensor([prompt])  # explicit mask: without one HF treats every pad_token_id in the prompt as padding
-        ids = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
+        ids = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
                              pad_token_id=0)
         out.append(ids[0, len(prompt):].tolist())
     return out

@@ -23,7 +23,7 @@ from rlhf_dyna.transition.sync import NaiveSync
 from rlhf_dyna.transition.vps_sync import VpsSync
 from rlhf_dyna.vps.cache import cached_plan
 from rlhf_dyna.vps.spec import ParallelSpec, rollout_spec
-from tests.engines._common import VOCAB, nll_loss, random_batch
+from tests.engines._common import VOCAB, hf_greedy_of, nll_loss, random_batch
 from tests.engines._dist import run_ranks
 
 SPEC = ModelSpec(arch="qwen3_moe", vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -34,15 +34,7 @@ NEW_TOKENS = 8
 
 
 def _hf_greedy(weights: dict[str, torch.Tensor], prompts: list[list[int]]) -> list[list[int]]:
-    model = build_policy(SPEC).eval()
-    model.load_state_dict(weights)
-    out = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        ids = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
-                             pad_token_id=0)
-        out.append(ids[0, len(prompt):].tolist())
-    return out
+    return hf_greedy_of(SPEC, weights, prompts, NEW_TOKENS)
 
 
 def _check_staged_experts(staged: dict[str, torch.Tensor], rollout: VLLMRollout, weights: dict[str, torch.Tensor],
