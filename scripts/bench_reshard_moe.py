@@ -36,7 +36,7 @@ from rlhf_dyna.models.build import ModelSpec
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
 from rlhf_dyna.transition.bind_vllm import vllm_model
 from rlhf_dyna.transition.relayout import MeshCache
-from rlhf_dyna.transition.vllm_moe_cpu import owns_w13
+from rlhf_dyna.rollout.vllm_moe_cpu import owns_w13
 from rlhf_dyna.vps.plan import Plan
 
 WORLD = 4
