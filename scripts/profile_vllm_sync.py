@@ -5,8 +5,9 @@ bf16 from dummy weights). After a cold sync and a warm-up, every rank runs `--re
 its floor probes (the plan's pair matrix replayed, vLLM's install from local memory), and prints `VpsSync.phases`
 (seconds per step of the sync, summed over its layer groups: execute split into copy work and waiting) as each
 phase's max over the ranks (one line's phases may come from different ranks) and for every rank. `--fresh-staging`
-alternates pooled runs with runs whose vLLM staging is allocated fresh every group, as before the staging pool. With `--cprofile`, rank 0 also profiles one more sync and prints the
-functions with the most cumulative time. JSON: every run, to --out.
+alternates pooled runs with runs whose vLLM staging is allocated fresh every group, as before the staging pool.
+With `--cprofile`, rank 0 also profiles one more sync and prints the functions with the most cumulative time. JSON:
+every run, to --out.
 
     PYTHONPATH=$PWD python scripts/profile_vllm_sync.py --size 300m --fresh-staging --repeats 4 --out DIR/profile.json
     PYTHONPATH=$PWD python scripts/profile_vllm_sync.py --size 60m --cprofile
