@@ -303,15 +303,19 @@ def merge_reports(earlier: list[dict], later: list[dict]) -> list[dict]:
 
 def restart_worker(size: str, ckpt: str, out: str) -> None:
     """A fresh process of the restarted job: init, build the new layout, load the checkpoint, report its time."""
+    restart_load(lambda: TrainEngine(meta_policy(make_hf_config(SIZES[size]), torch.float32),
+                                     MeshCache().get(DST_LAYOUT.dp, DST_LAYOUT.tp), lr=1e-4, zero=DST_LAYOUT.zero),
+                 ckpt, out)
+
+
+def restart_load(build: Callable[[], TrainEngine], ckpt: str, out: str) -> None:
+    """The restarted job's rank (RANK and the rest from the environment: time_restart): init, `build` the destination
+    engine (on the meta device), allocate it with AdamW state, load the checkpoint; writes when all ranks were done
+    and the loaded state's fingerprint to `out`.RANK."""
     rank = int(os.environ["RANK"])
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    meshes = MeshCache()
-    with torch.device("meta"):
-        from transformers import LlamaForCausalLM
-
-        skeleton = LlamaForCausalLM(make_hf_config(SIZES[size]))
-    engine = TrainEngine(skeleton, meshes.get(DST_LAYOUT.dp, DST_LAYOUT.tp), lr=1e-4, zero=DST_LAYOUT.zero)
+    engine = build()
     engine.model.to_empty(device=engine.device)
     allocate_optimizer_state(engine, torch.tensor(0.0))
     baselines.checkpoint_load(engine, Path(ckpt))

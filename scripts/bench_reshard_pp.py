@@ -107,19 +107,9 @@ def rank_main(rank: int, world: int, port: int, size: str, ckpt: str, out: str) 
 
 def restart_worker(size: str, ckpt: str, out: str) -> None:
     """A fresh process of the restarted job: init, build the destination engine, load the dp4 checkpoint into it."""
-    rank = int(os.environ["RANK"])
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
     _, layout = row_of(size)
-    mesh = MeshCache().get(layout.dp, layout.tp, pp=layout.pp, ep=layout.ep)
-    engine = make_engine(skeleton(size), mesh, lr=1e-4)
-    engine.model.to_empty(device=engine.device)
-    allocate_optimizer_state(engine, torch.tensor(0.0))
-    baselines.checkpoint_load(engine, Path(ckpt))
-    dist.barrier()
-    done = time.time()
-    Path(f"{out}.{rank}").write_text(json.dumps({"done": done, "fingerprint": fingerprint(bind_train_state(engine))}))
-    dist.destroy_process_group()
+    bench_reshard.restart_load(lambda: make_engine(skeleton(size), MeshCache().get(layout.dp, layout.tp, pp=layout.pp,
+                                                                                   ep=layout.ep), lr=1e-4), ckpt, out)
 
 
 def time_restart(size: str, ckpt: str, work: Path) -> tuple[float, list[list[float]]]:
