@@ -24,6 +24,12 @@ def machine() -> str:
     return f"{os.cpu_count()} CPU cores, {total:.0f} GiB"
 
 
+def run_stamp(when: str) -> dict:
+    """When a run starts or ends, and how loaded the (shared) machine was: `{when}_utc`, `load_average_{when}`
+    (os.getloadavg: 1, 5, 15 minutes). New keys of the reports; older JSON without them still reads."""
+    return {f"{when}_utc": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), f"load_average_{when}": os.getloadavg()}
+
+
 def same_fingerprint(a: list[float], b: list[float]) -> bool:
     return len(a) == len(b) and all(x == y or abs(x - y) <= 1e-9 * max(abs(x), abs(y)) for x, y in zip(a, b))
 
@@ -116,14 +122,15 @@ def plot(rows: list[dict], params: dict[str, int], path: Path, order: tuple[str,
 
 
 def write_report(out: Path, rows: list[dict], params: dict[str, int], transitions: list[str], setup: dict,
-                 order: tuple[str, ...], date: str | None = None) -> None:
-    """Prints the table, writes bench_reshard.json (`setup`: world, layouts) and bench_reshard.png."""
+                 order: tuple[str, ...], date: str | None = None, stamps: dict | None = None) -> None:
+    """Prints the table, writes bench_reshard.json (`setup`: world, layouts; `stamps`: run_stamp's of the run) and
+    bench_reshard.png."""
     out.mkdir(parents=True, exist_ok=True)
     print_table(rows, params)
     report = dict(**setup, params=params, date=date or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=machine(),
                   floor="per vps run: the plan's pair matrix replayed right before it (one contiguous message per pair, "
                         "same backend, same run) + vLLM's repack of the rank's shard from local memory (real vLLM rows)",
-                  transitions=transitions, rows=rows)
+                  transitions=transitions, **(stamps or {}), rows=rows)
     (out / "bench_reshard.json").write_text(json.dumps(report, indent=1))
     plot(rows, params, out / "bench_reshard.png", order, setup["world"])
     print(f"wrote {out / 'bench_reshard.json'} and {out / 'bench_reshard.png'}")
@@ -156,6 +163,15 @@ def markdown(report: dict) -> str:
         "docs/bench/bench_reshard.json --readme README.md`."
 
 
+def replace_table(readme: Path, begin: str, end: str, table: str) -> None:
+    """Replace the text between the markers `begin` and `end` in `readme` by `table`."""
+    text = readme.read_text()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{readme} has no {begin} ... {end} markers: add them where the table goes")
+    readme.write_text(re.sub(f"{re.escape(begin)}.*?{re.escape(end)}", lambda _: f"{begin}\n{table}\n{end}", text,
+                             flags=re.S))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="bench_reshard.json -> markdown table (stdout, or into README.md)")
     parser.add_argument("json", type=Path)
@@ -164,11 +180,7 @@ def main() -> None:
     table = markdown(json.loads(args.json.read_text()))
     if args.readme is None:
         return print(table)
-    text = args.readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{args.readme} has no {BEGIN} ... {END} markers: add them where the table goes")
-    args.readme.write_text(re.sub(f"{re.escape(BEGIN)}.*?{re.escape(END)}", lambda _: f"{BEGIN}\n{table}\n{END}", text,
-                                  flags=re.S))
+    replace_table(args.readme, BEGIN, END, table)
     print(f"{args.readme}: table regenerated from {args.json}")
 
 

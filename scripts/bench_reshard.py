@@ -38,10 +38,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import Tensor
 
-from bench_report import same_fingerprint, summarize, write_report
+from bench.ranks import init_rank, launch
+from bench_report import run_stamp, same_fingerprint, summarize, write_report
 from rlhf_dyna.models.build import ModelSpec, make_hf_config
 from rlhf_dyna.models.meta_init import meta_policy
 from rlhf_dyna.train.engine import TrainEngine
@@ -74,6 +74,16 @@ SETUP = dict(world=WORLD, rollout_tp=ROLLOUT_TP, dst_layout=DST_LAYOUT.describe(
 def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int = 32000) -> ModelSpec:
     return ModelSpec(arch="llama", vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                      num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=2048)
+
+
+def moe_spec(hidden: int, layers: int, heads: int, kv: int, experts: int, top_k: int, moe_inter: int,
+             vocab: int = 32000, inter: int | None = None) -> ModelSpec:
+    """A Qwen3-MoE, every layer sparse; `inter`: the dense MLP width (unused when every layer is sparse; default 4 x
+    hidden). bench_reshard_pp.py and bench_reshard_moe.py size their MoE models with it."""
+    return ModelSpec(arch="qwen3_moe", vocab_size=vocab, hidden_size=hidden,
+                     intermediate_size=4 * hidden if inter is None else inter, num_hidden_layers=layers,
+                     num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=2048, num_experts=experts,
+                     num_experts_per_tok=top_k, moe_intermediate_size=moe_inter)
 
 
 SIZES: dict[str, ModelSpec] = {  # parameter counts, untied 32k-token embeddings included
@@ -243,10 +253,7 @@ def bench_searched_order(make_source: Callable[[], TrainEngine], meshes: MeshCac
 
 
 def rank_main(rank: int, world: int, port: int, size: str, transitions: list[str], bw_bytes: int, ckpt: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world))  # vLLM's external_launcher reads them
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_rank(rank, world, port)
     meshes = MeshCache()
     mesh2d = meshes.get(DST_LAYOUT.dp, DST_LAYOUT.tp)
     bandwidth = {"concurrent": p2p_bandwidth(bw_bytes, concurrent=True), "single_pair": p2p_bandwidth(bw_bytes, concurrent=False),
@@ -296,15 +303,19 @@ def merge_reports(earlier: list[dict], later: list[dict]) -> list[dict]:
 
 def restart_worker(size: str, ckpt: str, out: str) -> None:
     """A fresh process of the restarted job: init, build the new layout, load the checkpoint, report its time."""
+    restart_load(lambda: TrainEngine(meta_policy(make_hf_config(SIZES[size]), torch.float32),
+                                     MeshCache().get(DST_LAYOUT.dp, DST_LAYOUT.tp), lr=1e-4, zero=DST_LAYOUT.zero),
+                 ckpt, out)
+
+
+def restart_load(build: Callable[[], TrainEngine], ckpt: str, out: str) -> None:
+    """The restarted job's rank (RANK and the rest from the environment: time_restart): init, `build` the destination
+    engine (on the meta device), allocate it with AdamW state, load the checkpoint; writes when all ranks were done
+    and the loaded state's fingerprint to `out`.RANK."""
     rank = int(os.environ["RANK"])
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    meshes = MeshCache()
-    with torch.device("meta"):
-        from transformers import LlamaForCausalLM
-
-        skeleton = LlamaForCausalLM(make_hf_config(SIZES[size]))
-    engine = TrainEngine(skeleton, meshes.get(DST_LAYOUT.dp, DST_LAYOUT.tp), lr=1e-4, zero=DST_LAYOUT.zero)
+    engine = build()
     engine.model.to_empty(device=engine.device)
     allocate_optimizer_state(engine, torch.tensor(0.0))
     baselines.checkpoint_load(engine, Path(ckpt))
@@ -393,6 +404,7 @@ def main() -> None:
     multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "transformers", "bench.baselines"])
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     params = {s: count_params(SIZES[s]) for s in sizes}
+    started = run_stamp("start")
     rows: list[dict] = []
     for size in sizes:
         need, free = estimated_bytes(params[size], transitions), available_bytes()
@@ -410,12 +422,7 @@ def main() -> None:
         per_rank: list[dict] = []
         for transition in transitions:  # fresh ranks per transition: memory a phase leaves behind cannot add up
             result, port = out / f"ranks_{size}_{transition}.json", free_port()
-            try:
-                mp.start_processes(rank_main, args=(WORLD, port, size, [transition], bw_bytes, ckpt, str(result)),
-                                   nprocs=WORLD, join=True, start_method="forkserver")
-            finally:  # vLLM's CPU TP segments are named after the port (rollout/cpu_worker.py)
-                for path in Path("/dev/shm").glob(f"*rlhfdyna-{port}-*"):
-                    path.unlink(missing_ok=True)
+            launch(rank_main, (WORLD, port, size, [transition], bw_bytes, ckpt, str(result)), WORLD, port)
             per_rank = merge_reports(per_rank, json.loads(result.read_text()))
         restart = time_restart(size, ckpt, out) if "dp4_to_dp2tp2" in transitions else None
         if not args.keep_ckpt:  # a full sweep leaves ~12 GB of checkpoints otherwise
@@ -426,7 +433,7 @@ def main() -> None:
               f"{bandwidth['single_pair'] / 1e9:.2f} GB/s one pair alone", flush=True)
     if not rows:
         raise SystemExit("every size was skipped: not enough memory available")
-    write_report(out, rows, params, transitions, SETUP, TRANSITIONS)
+    write_report(out, rows, params, transitions, SETUP, TRANSITIONS, stamps={**started, **run_stamp("end")})
 
 
 if __name__ == "__main__":

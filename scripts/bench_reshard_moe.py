@@ -11,7 +11,7 @@ plan; naive: full tensors less the shard it trains) and the expert bytes it ends
 count from the live vLLM engine (its MoE layers' expert maps and per-partition widths).
 
     python scripts/bench_reshard_moe.py --sizes moe100m --out bench_out   # then copy bench_out/bench_reshard_moe.json
-    python scripts/bench_reshard_moe.py --quick --out /tmp/bench_moe      # tiny MoE, a few minutes
+    python scripts/bench_reshard_moe.py --quick --out /tmp/bench_moe      # moe1m, a few minutes
     python scripts/bench_reshard_moe.py --report docs/bench/bench_reshard_moe.json --readme README.md   # the table
 """
 from __future__ import annotations
@@ -20,23 +20,24 @@ import argparse
 import json
 import multiprocessing
 import os
-import re
 import shutil
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from bench.ranks import init_rank, launch
 from bench.vllm_rows import whole_plan, bench_to_vllm
-from bench_report import machine, summarize
-from bench_reshard import count_params, free_port, random_source
+from bench_report import machine, replace_table, run_stamp, summarize
+from bench_reshard import count_params, free_port, moe_spec, random_source
 from rlhf_dyna.models.build import ModelSpec
+from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
 from rlhf_dyna.transition.bind_vllm import vllm_model
 from rlhf_dyna.transition.relayout import MeshCache
 from rlhf_dyna.rollout.vllm_moe_cpu import owns_w13
+from rlhf_dyna.vps.model import EXPERT_ROLES, ModelCatalog
 from rlhf_dyna.vps.plan import Plan
 
 WORLD = 4
@@ -48,16 +49,10 @@ LABELS = {"train_to_vllm_moe": "FSDP dp4 -> real vLLM tp4, experts TP-sliced",
 BEGIN, END = "<!-- bench_reshard_moe:begin -->", "<!-- bench_reshard_moe:end -->"
 
 
-def _moe(hidden: int, layers: int, heads: int, kv: int, experts: int, top_k: int, inter: int, vocab: int) -> ModelSpec:
-    return ModelSpec(arch="qwen3_moe", vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
-                     num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-                     max_position_embeddings=2048, num_experts=experts, num_experts_per_tok=top_k,
-                     moe_intermediate_size=inter)
-
-
 SIZES: dict[str, ModelSpec] = {  # moe_intermediate_size / 4 a multiple of 32: vLLM's CPU kernel (validate_moe)
-    "tiny_moe": _moe(128, 2, 4, 2, experts=8, top_k=2, inter=128, vocab=1024),  # 1.3M
-    "moe100m": _moe(512, 8, 8, 4, experts=32, top_k=4, inter=256, vocab=32000),  # 140M, 72% of it experts
+    # bench_reshard_pp.py's tiny_moe but for the (unused: every layer sparse) dense width, 4 x hidden here
+    "moe1m": moe_spec(128, 2, 4, 2, experts=8, top_k=2, moe_inter=128, vocab=1024),  # 1.1M
+    "moe100m": moe_spec(512, 8, 8, 4, experts=32, top_k=4, moe_inter=256, vocab=32000),  # 140M, 72% of it experts
 }
 
 
@@ -73,23 +68,22 @@ def live_expert_share(rollout: VLLMRollout) -> dict:
     return dict(experts=held, width=config.intermediate_size_per_partition, expert_bytes=per_layer * len(layers))
 
 
-def planned_expert_share(plan: Plan) -> tuple[list[float], list[float]]:
-    """The plan's expert bytes landing on each rank: over the wire, and by local copy from the shard it trains."""
+def planned_expert_share(plan: Plan, catalog: ModelCatalog) -> tuple[list[float], list[float]]:
+    """The plan's expert bytes (its tensors of an expert role in `catalog`) landing on each rank: over the wire, and
+    by local copy from the shard it trains."""
     experts = Plan(plan.src, plan.dst, plan.world_size, plan.ranks_per_node,
-                   [c for c in plan.classes if ".mlp.experts." in c.members[0].tensor.name])
+                   [c for c in plan.classes if catalog[c.members[0].tensor.name].role in EXPERT_ROLES])
     return experts.pair_bytes().sum(axis=0).tolist(), experts.local_bytes_by_rank().tolist()
 
 
 def rank_main(rank: int, world: int, port: int, size: str, target: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world))  # vLLM's external_launcher reads them
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_rank(rank, world, port)
     engine = random_source(SIZES[size], MeshCache(), adamw_state=False)
     records, floor, rollout = bench_to_vllm(engine, Path(f"{out}.model"), ROLLOUT_TP, REPEATS, TARGETS[target])
     for record in records:
         record["transition"] = target
-    wire, local = planned_expert_share(whole_plan(engine, rollout, floor["budget_bytes"]).schedule.plan)
+    wire, local = planned_expert_share(whole_plan(engine, rollout, floor["budget_bytes"]).schedule.plan,
+                                       catalog_from_config(engine.model.config))
     report = dict(rank=rank, records=records, floor={target: floor}, live_share=live_expert_share(rollout),
                   planned_expert_wire=wire, planned_expert_local=local)
     gathered: list[object] = [None] * world
@@ -104,12 +98,7 @@ def rank_main(rank: int, world: int, port: int, size: str, target: str, out: str
 def measure(size: str, target: str, out: Path) -> list[dict]:
     """One target in fresh ranks: rows (bench_report.summarize) plus the bytes and shares each rollout rank got."""
     result, port = out / f"ranks_moe_{size}_{target}.json", free_port()
-    try:
-        mp.start_processes(rank_main, args=(WORLD, port, size, target, str(result)), nprocs=WORLD, join=True,
-                           start_method="forkserver")
-    finally:  # vLLM's CPU TP segments are named after the port (rollout/cpu_worker.py)
-        for path in Path("/dev/shm").glob(f"*rlhfdyna-{port}-*"):
-            path.unlink(missing_ok=True)
+    launch(rank_main, (WORLD, port, size, target, str(result)), WORLD, port)
     per_rank = json.loads(result.read_text())
     result.unlink()
     rows = summarize(size, per_rank, None)
@@ -166,12 +155,7 @@ def markdown(report: dict) -> str:
 
 
 def write_readme(report_path: Path, readme: Path) -> None:
-    table = markdown(json.loads(report_path.read_text()))
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{readme} has no {BEGIN} ... {END} markers: add them where the table goes")
-    readme.write_text(re.sub(f"{re.escape(BEGIN)}.*?{re.escape(END)}", lambda _: f"{BEGIN}\n{table}\n{END}", text,
-                             flags=re.S))
+    replace_table(readme, BEGIN, END, markdown(json.loads(report_path.read_text())))
     print(f"{readme}: table regenerated from {report_path}")
 
 
@@ -179,14 +163,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="moe100m", help=f"comma-separated, from {sorted(SIZES)}")
     parser.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated subset of {sorted(TARGETS)}")
-    parser.add_argument("--quick", action="store_true", help="tiny MoE only")
+    parser.add_argument("--quick", action="store_true", help="tiny MoE only (moe1m)")
     parser.add_argument("--out", default="bench_out", help="directory for bench_reshard_moe.json")
     parser.add_argument("--report", type=Path, help="a bench_reshard_moe.json to print (or put into --readme); runs nothing")
     parser.add_argument("--readme", type=Path, help=f"with --report: replace the text between {BEGIN} and {END}")
     args = parser.parse_args()
     if args.report:
         return write_readme(args.report, args.readme) if args.readme else print(markdown(json.loads(args.report.read_text())))
-    sizes, targets = ["tiny_moe"] if args.quick else args.sizes.split(","), args.targets.split(",")
+    sizes, targets = ["moe1m"] if args.quick else args.sizes.split(","), args.targets.split(",")
     bad = [s for s in sizes if s not in SIZES] + [t for t in targets if t not in TARGETS]
     if bad:
         parser.error(f"unknown {bad}; sizes: {sorted(SIZES)}, targets: {sorted(TARGETS)}")
@@ -194,10 +178,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "transformers", "vllm"])
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    started = run_stamp("start")
     rows = [row for size in sizes for target in targets for row in measure(size, target, out)]
     report = dict(world=WORLD, rollout_tp=ROLLOUT_TP, rollout_dtype="bfloat16", source="FSDP2 dp4, fp32, random weights",
                   params={s: count_params(SIZES[s]) for s in sizes}, specs={s: vars(SIZES[s]) for s in sizes},
                   targets=targets, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=machine(),
+                  **started, **run_stamp("end"),
                   floor="per vps run: the plan's pair matrix replayed right before it (one contiguous message per pair) "
                         "+ vLLM's install (repack) of the rank's shard from local memory", rows=rows)
     (out / "bench_reshard_moe.json").write_text(json.dumps(report, indent=1))

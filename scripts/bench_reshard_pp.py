@@ -25,34 +25,28 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import bench_reshard
-from bench_reshard import SIZES, fingerprint, free_port, random_source
+from bench_report import run_stamp
+from bench_reshard import SIZES, count_params, fingerprint, free_port, moe_spec, random_source
 from rlhf_dyna.models.build import ModelSpec, make_hf_config
+from rlhf_dyna.models.meta_init import meta_policy
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.train.pipeline_engine import make_engine
 from bench import baselines
+from bench.ranks import init_rank, launch
 from rlhf_dyna.transition.relayout import (MeshCache, TrainLayout, allocate_optimizer_state, bind_train_state,
                                            empty_engine_like, meta_skeleton, relayout)
 from rlhf_dyna.transition.vps_mover import make_vps_mover
-from transformers import AutoModelForCausalLM
 
 WORLD = 4
 PP_LAYOUT, EP_LAYOUT = TrainLayout(dp=2, tp=1, pp=2), TrainLayout(dp=4, tp=1, ep=2)
 REPEATS = 3  # warm runs (cached plan) after the cold one
 
 
-def _moe(hidden: int, layers: int, experts: int, moe_inter: int, heads: int, kv: int, vocab: int = 32000) -> ModelSpec:
-    return ModelSpec(arch="qwen3_moe", vocab_size=vocab, hidden_size=hidden, intermediate_size=moe_inter,
-                     num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-                     max_position_embeddings=2048, num_experts=experts, num_experts_per_tok=2,
-                     moe_intermediate_size=moe_inter)
-
-
-MOE_SIZES: dict[str, ModelSpec] = {  # every layer sparse, 8 experts (4 per EP rank)
-    "tiny_moe": _moe(128, 2, 8, 128, 4, 2, vocab=1024),  # 1.1M
-    "60m_moe": _moe(512, 6, 8, 384, 8, 4),  # 66M
+MOE_SIZES: dict[str, ModelSpec] = {  # every layer sparse, 8 experts (4 per EP rank), top-2
+    "tiny_moe": moe_spec(128, 2, 4, 2, experts=8, top_k=2, moe_inter=128, vocab=1024, inter=128),  # 1.1M
+    "60m_moe": moe_spec(512, 6, 8, 4, experts=8, top_k=2, moe_inter=384, inter=384),  # 66M
 }
 ALL_SIZES = {**SIZES, **MOE_SIZES}
 
@@ -63,12 +57,7 @@ def row_of(size: str) -> tuple[str, TrainLayout]:
 
 
 def skeleton(size: str):
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(make_hf_config(ALL_SIZES[size]))
-
-
-def count_params(size: str) -> int:
-    return sum(p.numel() for p in skeleton(size).parameters())
+    return meta_policy(make_hf_config(ALL_SIZES[size]), torch.float32)
 
 
 def make_source(size: str, meshes: MeshCache) -> TrainEngine:
@@ -83,9 +72,7 @@ def _total(value: float) -> float:
 
 
 def rank_main(rank: int, world: int, port: int, size: str, ckpt: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_rank(rank, world, port)
     meshes = MeshCache()
     _, layout = row_of(size)
     source_engine = make_source(size, meshes)
@@ -120,19 +107,9 @@ def rank_main(rank: int, world: int, port: int, size: str, ckpt: str, out: str) 
 
 def restart_worker(size: str, ckpt: str, out: str) -> None:
     """A fresh process of the restarted job: init, build the destination engine, load the dp4 checkpoint into it."""
-    rank = int(os.environ["RANK"])
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
     _, layout = row_of(size)
-    mesh = MeshCache().get(layout.dp, layout.tp, pp=layout.pp, ep=layout.ep)
-    engine = make_engine(skeleton(size), mesh, lr=1e-4)
-    engine.model.to_empty(device=engine.device)
-    allocate_optimizer_state(engine, torch.tensor(0.0))
-    baselines.checkpoint_load(engine, Path(ckpt))
-    dist.barrier()
-    done = time.time()
-    Path(f"{out}.{rank}").write_text(json.dumps({"done": done, "fingerprint": fingerprint(bind_train_state(engine))}))
-    dist.destroy_process_group()
+    bench_reshard.restart_load(lambda: make_engine(skeleton(size), MeshCache().get(layout.dp, layout.tp, pp=layout.pp,
+                                                                                   ep=layout.ep), lr=1e-4), ckpt, out)
 
 
 def time_restart(size: str, ckpt: str, work: Path) -> tuple[float, list[list[float]]]:
@@ -142,8 +119,8 @@ def time_restart(size: str, ckpt: str, work: Path) -> tuple[float, list[list[flo
 def measure(size: str, out: Path) -> dict:
     ckpt = out / f"ckpt_pp_{size}"
     result = out / f"ranks_pp_{size}.json"
-    mp.start_processes(rank_main, args=(WORLD, free_port(), size, str(ckpt), str(result)), nprocs=WORLD, join=True,
-                       start_method="forkserver")
+    port = free_port()
+    launch(rank_main, (WORLD, port, size, str(ckpt), str(result)), WORLD, port)
     ranks = json.loads(result.read_text())
     result.unlink()
     restart_seconds, restart_prints = time_restart(size, str(ckpt), out)
@@ -151,7 +128,7 @@ def measure(size: str, out: Path) -> dict:
     warm = statistics.median(ranks[0]["vps_seconds"][1:])
     dcp = max(r["save_seconds"] for r in ranks) + restart_seconds
     transition, _ = row_of(size)
-    row = dict(size=size, params=count_params(size), transition=transition, state="params + AdamW exp_avg, exp_avg_sq",
+    row = dict(size=size, params=count_params(ALL_SIZES[size]), transition=transition, state="params + AdamW exp_avg, exp_avg_sq",
                vps_cold_seconds=ranks[0]["vps_seconds"][0], vps_seconds=warm, vps_bytes_moved=ranks[0]["vps_bytes"][-1],
                independent_bytes=ranks[0]["must_receive"], dcp_save_seconds=max(r["save_seconds"] for r in ranks),
                dcp_restart_seconds=restart_seconds, dcp_with_restart_seconds=dcp, speedup=dcp / warm,
@@ -175,8 +152,10 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "transformers", "bench.baselines"])
+    started = run_stamp("start")
     rows = [measure(size, out) for size in (["tiny", "tiny_moe"] if args.quick else args.sizes.split(","))]
-    machine = dict(date=time.strftime("%Y-%m-%d"), cpus=os.cpu_count(), world=WORLD, backend="gloo")
+    machine = dict(date=time.strftime("%Y-%m-%d"), cpus=os.cpu_count(), world=WORLD, backend="gloo", **started,
+                   **run_stamp("end"))
     (out / "bench_reshard_pp.json").write_text(json.dumps(dict(machine=machine, rows=rows), indent=1))
 
 

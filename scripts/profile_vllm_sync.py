@@ -3,10 +3,11 @@
 The same setup as bench_reshard.py's train_to_vllm row (FSDP2 dp4 fp32 random weights -> in-rank vLLM tp2 x dp2
 bf16 from dummy weights). After a cold sync and a warm-up, every rank runs `--repeats` warm syncs, each right after
 its floor probes (the plan's pair matrix replayed, vLLM's install from local memory), and prints `VpsSync.phases`
-(seconds per step of the sync, summed over its layer groups: execute split into copy work and waiting) for the
-slowest rank and for every rank. `--fresh-staging` alternates pooled runs with runs whose vLLM staging is allocated
-fresh every group, as before the staging pool. With `--cprofile`, rank 0 also profiles one more sync and prints the
-functions with the most cumulative time. JSON: every run, to --out.
+(seconds per step of the sync, summed over its layer groups: execute split into copy work and waiting) as each
+phase's max over the ranks (one line's phases may come from different ranks) and for every rank. `--fresh-staging`
+alternates pooled runs with runs whose vLLM staging is allocated fresh every group, as before the staging pool.
+With `--cprofile`, rank 0 also profiles one more sync and prints the functions with the most cumulative time. JSON:
+every run, to --out.
 
     PYTHONPATH=$PWD python scripts/profile_vllm_sync.py --size 300m --fresh-staging --repeats 4 --out DIR/profile.json
     PYTHONPATH=$PWD python scripts/profile_vllm_sync.py --size 60m --cprofile
@@ -25,22 +26,20 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from bench.measure import pattern_seconds
-from bench.vllm_rows import PROMPTS, capture_staged, repack_seconds, whole_plan
+from bench.ranks import init_rank, launch
+from bench.vllm_rows import PROMPTS, capture_staged, dummy_rollout, repack_seconds, whole_plan
 from bench_report import machine
 from bench_reshard import ROLLOUT_TP, SIZES, WORLD, free_port, random_source
-from rlhf_dyna.rollout.vllm_engine import VLLMRollout
 from rlhf_dyna.transition.bind_vllm import STAGING_POOL
 from rlhf_dyna.transition.relayout import MeshCache
 from rlhf_dyna.transition.vps_sync import VpsSync
 
 
-def slowest(values: dict[str, float]) -> dict[str, float]:
-    """Per key, the largest value over the ranks (collective)."""
+def max_over_ranks(values: dict[str, float]) -> dict[str, float]:
+    """Per key, the largest value over the ranks (collective): the keys' maxima may come from different ranks."""
     gathered: list[object] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, values)
     return {k: max(g[k] for g in gathered) for k in values}
@@ -48,17 +47,10 @@ def slowest(values: dict[str, float]) -> dict[str, float]:
 
 def rank_main(rank: int, port: int, size: str, repeats: int, budget_bytes: int | None, variants: list[str], cprofile: bool,
               out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    init_rank(rank, WORLD, port)
     engine = random_source(SIZES[size], MeshCache(), adamw_state=False)
     model_dir = Path(f"{out}.model")
-    if rank == 0:
-        engine.model.config.save_pretrained(model_dir)
-    dist.barrier()
-    rollout = VLLMRollout(model_dir, tp=ROLLOUT_TP, seed=0, max_model_len=64, kv_cache_bytes=16 << 20, dtype="bfloat16",
-                          load_format="dummy", block_size=32)
+    rollout = dummy_rollout(engine, model_dir, ROLLOUT_TP)
     vps = VpsSync(**({} if budget_bytes is None else {"budget_bytes": budget_bytes}))
     vps.sync(engine, rollout)  # cold: planning
     captured = capture_staged(vps, engine, rollout)
@@ -78,12 +70,12 @@ def rank_main(rank: int, port: int, size: str, repeats: int, budget_bytes: int |
         phases = dict(vps.phases, execute_copy=vps.last.copy_seconds, execute_wait=vps.last.wait_seconds)
         by_rank: list[object] = [None] * WORLD
         dist.all_gather_object(by_rank, phases)
-        run = slowest(dict(seconds=stats.seconds, **{f"phase/{k}": v for k, v in phases.items()}))
+        run = max_over_ranks(dict(seconds=stats.seconds, **{f"phase/{k}": v for k, v in phases.items()}))
         runs.append(dict(variant=variant, wire=wire, repack=repack, ratio=run["seconds"] / (wire + repack), **run,
                          by_rank=by_rank))
         if rank == 0:
             print(f"[{size} {variant}] wire {wire:.3f} + repack {repack:.3f} = {wire + repack:.3f} s; vps "
-                  f"{run['seconds']:.3f} s ({runs[-1]['ratio']:.2f}x)\n    slowest rank: "
+                  f"{run['seconds']:.3f} s ({runs[-1]['ratio']:.2f}x)\n    per-phase max over ranks: "
                   + ", ".join(f"{k[6:]} {v:.3f}" for k, v in run.items() if k.startswith("phase/")), flush=True)
             for r, phases in enumerate(by_rank):
                 print(f"    rank {r}: " + ", ".join(f"{k} {v:.3f}" for k, v in phases.items() if k.startswith("execute")
@@ -132,12 +124,7 @@ def main() -> None:
     port = free_port()
     budget = None if args.budget_mib is None else args.budget_mib << 20
     variants = ["pooled", "fresh_staging"] if args.fresh_staging else ["pooled"]
-    try:
-        mp.start_processes(rank_main, args=(port, args.size, args.repeats, budget, variants, args.cprofile, args.out), nprocs=WORLD,
-                           join=True, start_method="forkserver")
-    finally:  # vLLM's CPU TP segments are named after the port (rollout/cpu_worker.py)
-        for path in Path("/dev/shm").glob(f"*rlhfdyna-{port}-*"):
-            path.unlink(missing_ok=True)
+    launch(rank_main, (port, args.size, args.repeats, budget, variants, args.cprofile, args.out), WORLD, port)
 
 
 if __name__ == "__main__":

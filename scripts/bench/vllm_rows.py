@@ -86,16 +86,22 @@ def repack_seconds(captured: list[dict], engine: TrainEngine, rollout: VLLMRollo
     return float(seconds)
 
 
+def dummy_rollout(engine: TrainEngine, model_dir: Path, tp: int, expert_parallel: bool = False) -> VLLMRollout:
+    """The in-rank bf16 vLLM engine of the rows (tp x dp over the world) for `engine`'s model, from dummy weights:
+    only the config is written (to `model_dir`, by rank 0)."""
+    if dist.get_rank() == 0:
+        engine.model.config.save_pretrained(model_dir)
+    dist.barrier()
+    return VLLMRollout(model_dir, tp=tp, seed=0, max_model_len=64, kv_cache_bytes=16 << 20, dtype="bfloat16",
+                       load_format="dummy", block_size=32, expert_parallel=expert_parallel)
+
+
 def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int,
                   expert_parallel: bool = False) -> tuple[list[dict], dict, VLLMRollout]:
     """naive once, vps_cold once, vps `repeats` times each after its paired wire probe; then the repack probe and the
     greedy checks. Records in the shape bench_report.summarize reads; floor info: pair matrix bytes and repack.
     The engine is returned alive: its shutdown destroys the default process group, so the caller gathers first."""
-    if dist.get_rank() == 0:
-        engine.model.config.save_pretrained(model_dir)  # vLLM starts from dummy weights: only the config is needed
-    dist.barrier()
-    rollout = VLLMRollout(model_dir, tp=tp, seed=0, max_model_len=64, kv_cache_bytes=16 << 20, dtype="bfloat16",
-                          load_format="dummy", block_size=32, expert_parallel=expert_parallel)
+    rollout = dummy_rollout(engine, model_dir, tp, expert_parallel)
     before = _greedy(rollout)
     records = []
     seconds, moved, rounds, peak = _timed(NaiveSync(dtype=ROLLOUT_DTYPE), engine, rollout)

@@ -21,6 +21,8 @@ def test_quick_bench_runs_every_method_and_writes_json_chart_and_table(tmp_path:
     assert "x floor" in done.stdout and "checkpoint_restart" in done.stdout
     report = json.loads((tmp_path / "bench_reshard.json").read_text())
     assert report["date"] and report["machine"]
+    assert len(report["load_average_start"]) == len(report["load_average_end"]) == 3
+    assert report["start_utc"] <= report["end_utc"]
     rows = {(r["transition"], r["method"]): r for r in report["rows"]}
     assert set(rows) >= {("train_to_vllm", m) for m in ("floor", "naive", "vps_cold", "vps", "vps_overlap")} | {
         ("train_to_vllm_like", m) for m in ("floor", "naive", "redistribute", "vps_cold", "vps")} | {

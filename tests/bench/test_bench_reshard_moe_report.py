@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import bench_reshard_moe
+
 ROOT = Path(__file__).resolve().parents[2]
 REPORT = ROOT / "docs" / "bench" / "bench_reshard_moe.json"
 
@@ -31,3 +33,4 @@ def test_committed_moe_bench_regenerates_the_readme_table(tmp_path: Path) -> Non
     text = readme.read_text()
     assert "stale" not in text and "expert parallel" in text and report["date"] in text
     assert text.startswith("a\n") and text.endswith("b\n")
+    assert bench_reshard_moe.markdown(report) in (ROOT / "README.md").read_text()  # the README's table is this JSON's
