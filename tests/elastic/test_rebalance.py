@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from rlhf_dyna.elastic.rebalance import (RebalanceRule, Rebalancer, SplitShape, StepTimes, describe_invalid,
-                                         split_candidates)
+                                         move_seconds, split_candidates)
 
 FREE = lambda target: 0.0  # noqa: E731  a move that costs nothing
 
@@ -158,3 +158,9 @@ def test_measured_gain_is_step_before_minus_step_after():
 def test_the_starting_split_must_be_valid():
     with pytest.raises(ValueError, match=r"3\+1 is not among the valid rollout sizes \[2\]"):
         Rebalancer(4, [2], start=3)
+
+
+def test_a_move_costs_its_bytes_at_the_bandwidth_plus_a_joining_engine_start_and_sync():
+    assert move_seconds(3_000_000, 1e7, joins=False, engine_start_s=5.0, sync_s=0.1) == pytest.approx(0.3)
+    assert move_seconds(3_000_000, 1e7, joins=True, engine_start_s=5.0, sync_s=0.1) == pytest.approx(5.4)
+    assert move_seconds(10, 0.0, joins=False, engine_start_s=0.0, sync_s=0.0) == 10.0  # no bandwidth yet: 1 B/s
