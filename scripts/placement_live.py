@@ -58,7 +58,9 @@ def summary(rows: list[dict]) -> dict:
             "amortized_share_of_run": r["rebalance/transition_seconds"] / total,
         } for r in moves]
         gains = [r["rebalance/measured_gain_s"] for r in steps if "rebalance/measured_gain_s" in r]
-        out["measured_gain_s"] = gains[-1] if gains else None  # mean step before the last move minus after it
+        # the last step's rebalance/measured_gain_s: mean step on the split left last minus on the current one, the
+        # first step of each stay on a split left out (Rebalancer.measured_gain); the move's own seconds not in it
+        out["measured_gain_s"] = gains[-1] if gains else None
         out["rollout_ranks_after_step"] = [r["rebalance/rollout_ranks"] for r in steps]  # each step's decision made
     return out
 
