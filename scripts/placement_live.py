@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -57,9 +58,15 @@ def summary(rows: list[dict]) -> dict:
             "amortized_share_of_run": r["rebalance/transition_seconds"] / total,
         } for r in moves]
         gains = [r["rebalance/measured_gain_s"] for r in steps if "rebalance/measured_gain_s" in r]
-        out["measured_gain_s"] = gains[-1] if gains else None  # mean step before the last move minus after it
-        out["rollout_ranks_per_step"] = [r["rebalance/rollout_ranks"] for r in steps]
+        # the last step's rebalance/measured_gain_s: mean step on the split left last minus on the current one, the
+        # first step of each stay on a split left out (Rebalancer.measured_gain); the move's own seconds not in it
+        out["measured_gain_s"] = gains[-1] if gains else None
+        out["rollout_ranks_after_step"] = [r["rebalance/rollout_ranks"] for r in steps]  # each step's decision made
     return out
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def main() -> None:
@@ -69,10 +76,12 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="app overrides after --")
     args = parser.parse_args()
     result = {"date": datetime.date.today().isoformat(), "machine": f"{platform.node()} ({platform.processor() or 'cpu'})",
-              "overrides": args.overrides, "placements": {}}
+              "started_utc": utc_now(), "load_average_at_start": os.getloadavg(), "overrides": args.overrides,
+              "placements": {}}
     with tempfile.TemporaryDirectory(prefix="placement_live_") as tmp:
         for i, placement in enumerate(args.placements):  # run dirs by index: a placement may carry overrides
             result["placements"][placement] = summary(run(placement, args.overrides, Path(tmp) / f"run{i}"))
+    result.update(ended_utc=utc_now(), load_average_at_end=os.getloadavg())  # 1, 5, 15 min: how shared the machine was
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     for placement, s in result["placements"].items():

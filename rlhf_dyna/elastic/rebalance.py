@@ -4,7 +4,7 @@ rollout set and the train set when the predicted saving over the remaining steps
     shape = SplitShape(world_size=4, prompts_per_step=12, rows=24, mini_batches=2)
     valid, invalid = split_candidates(shape)                      # rollout sizes; {size: why not}
     manager = Rebalancer(shape.world_size, valid, start=3, staleness=0, rule=RebalanceRule(margin=0.1, every=2))
-    manager.observe(StepTimes(rollout_ranks=3, generate_s=0.4, train_s=1.6, sync_s=0.05))   # after every step
+    manager.observe(StepTimes(rollout_ranks=3, generate_s=0.4, train_s=1.6, sync_s=0.05, step_s=2.1))  # every step
     decision = manager.decide(remaining=8, move_cost=lambda target: 0.3)    # keep, or move to decision.target
     manager.apply(decision)
 
@@ -16,6 +16,9 @@ Hysteresis: a move is taken only when (gain per step - margin x current step) x 
 predicted cost, after `every` steps measured on the current split. Never oscillating: a split that was left is not
 entered again, except one return to the split just left (when its measured step beats the current one by the same
 rule); after that return the manager settles and keeps the split for the rest of the run.
+
+A move's predicted seconds (`move_seconds`): the state's planned bytes at the measured bandwidth, plus, when ranks
+join the rollout set, an engine start and a weight sync into it.
 """
 from __future__ import annotations
 
@@ -68,8 +71,8 @@ class StepTimes:
     rollout_ranks: int
     generate_s: float
     train_s: float
-    sync_s: float = 0.0
-    step_s: float = 0.0  # the whole step (the move, if any, not included)
+    sync_s: float
+    step_s: float  # the whole step (the move, if any, not included)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,12 @@ class Decision:
                 f"{self.predicted_total_gain_s:.3f} s vs predicted move cost {self.predicted_cost_s:.3f} s")
 
 
+def move_seconds(moved_bytes: int, bytes_per_s: float, joins: bool, engine_start_s: float, sync_s: float) -> float:
+    """Predicted seconds of a move: `moved_bytes` (the VPS plans' bytes between ranks) at `bytes_per_s`, plus an
+    engine start and a weight sync into it when ranks join the rollout set (`joins`)."""
+    return moved_bytes / max(bytes_per_s, 1.0) + (engine_start_s + sync_s if joins else 0.0)
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
@@ -124,10 +133,17 @@ class Rebalancer:
             raise ValueError(f"rebalance: the starting split {start}+{world_size - start} is not among the valid "
                              f"rollout sizes {candidates}")
         self.world_size, self.candidates, self.staleness, self.rule = world_size, list(candidates), staleness, rule
-        self.current = start
-        self.left: list[int] = []  # splits departed from, in order
         self.settled = False
         self._stints: list[tuple[int, list[StepTimes]]] = [(start, [])]  # (rollout size, steps measured there)
+
+    @property
+    def current(self) -> int:
+        return self._stints[-1][0]
+
+    @property
+    def left(self) -> list[int]:
+        """Splits departed from, in order."""
+        return [size for size, _ in self._stints[:-1]]
 
     def observe(self, times: StepTimes) -> None:
         if times.rollout_ranks != self.current:
@@ -194,10 +210,8 @@ class Rebalancer:
     def apply(self, decision: Decision) -> None:
         if not decision.moves:
             return
-        returning = bool(self.left) and decision.target == self.left[-1]
-        self.left.append(self.current)
-        self.current = decision.target
-        self.settled = returning
+        left = self.left
+        self.settled = bool(left) and decision.target == left[-1]  # a return
         self._stints.append((decision.target, []))
 
     def measured_gain(self) -> float | None:

@@ -17,11 +17,11 @@ from ..rollout.vllm_engine import VLLMRollout
 from ..tasks.base import Example
 from ..tasks.hf_tokenizer import build_tokenizer
 from ..tracking.sample_log import log_samples
-from ..tracking.timeline import TIMELINE_FILE, record_step_phases, write_timeline_png
+from ..tracking.timeline import record_step_phases, write_run_trace
 from ..tracking.tracker import Tracker
 from ..transition.relayout import LayoutSwitch, layout_of, relayout, switch_at
 from ..transition.sync import make_sync
-from ..transition.trace import TraceRecorder, gather_trace, write_chrome_trace
+from ..transition.trace import TraceRecorder
 from ..transition.vps_mover import least_moving_layout, make_vps_mover
 from .advantages import compute_advantages
 from .batch import gather_samples, pack, rank_rows, split_rows
@@ -34,8 +34,6 @@ from .setup import (
     seed_everything, write_initial_checkpoint,
 )
 from .step_metrics import rollout_metrics
-
-TRACE_FILE = "transition_trace.json"
 
 
 def mean_over_world(values: dict[str, float]) -> dict[str, float]:
@@ -169,10 +167,7 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
         if cfg.trainer.export_policy and not save_due(cfg.trainer, cfg.trainer.total_steps):  # [ckpt] export at the end
             export_policy(cfg.trainer, actor, model_dir, out_dir)
         if recorder is not None:  # collective, so not in `finally`: after one rank fails the others would wait forever
-            events = gather_trace(recorder)
-            if ctx.rank == 0:
-                write_chrome_trace(events, out_dir / TRACE_FILE)
-                write_timeline_png(events, out_dir / TIMELINE_FILE, title=f"{cfg.recipe}: phases and transitions")
+            write_run_trace(recorder, out_dir, title=f"{cfg.recipe}: phases and transitions")
     except BaseException:
         rollout = None  # a failed rank leaves at once: shutdown's barrier would wait on peers stuck in a collective
         raise

@@ -20,9 +20,9 @@ from ..config import Config
 from ..elastic.faults import fault_point
 from ..elastic.placement import ACTOR, CRITIC, GENERATE, TRAIN_ACTOR, Change, Placement, RoleSlot, changes
 from ..elastic.world_builder import BuiltWorld, WorldBuilder, mesh_key
-from ..tracking.timeline import PHASE_PREFIX
+from ..tracking.timeline import record_phase
 from ..train.engine import TrainEngine
-from ..transition.role_move import ParkedState, RoleMoveStats, engine_on, move_role_state, set_spec
+from ..transition.role_move import ParkedState, RoleMoveStats, engine_on, move_role_state, rank_set_spec, role_catalog
 from .batch import rank_rows
 from .placements import placement_of
 
@@ -93,8 +93,9 @@ class PlacedTraining:
             fault_point(change.name, self.rank)
             if dst is home[change.role] and change.role in self.parked:
                 self.parked.pop(change.role).unpark()  # storage back; the move fills it
-            stats = move_role_state(src, dst, self._spec(change.src), self._spec(change.dst), reference=home[change.role],
-                                    recorder=self.recorder, trace_name=change.name)
+            stats = move_role_state(src, dst, self._spec(change.src), self._spec(change.dst),
+                                    catalog=role_catalog(home[change.role]), recorder=self.recorder,
+                                    trace_name=change.name)
             if src is home[change.role]:  # lent: the home copy's memory is free for the set that trains here
                 self.parked[change.role] = ParkedState()
                 metrics[f"placement/{change.role}_parked_bytes"] = float(self.parked[change.role].park(src))
@@ -102,7 +103,7 @@ class PlacedTraining:
         return metrics
 
     def _spec(self, slot: RoleSlot):
-        return set_spec(slot.ranks.first, slot.ranks.size, self.tp)  # type: ignore[union-attr]
+        return rank_set_spec(slot.ranks, self.tp)  # type: ignore[arg-type]
 
     def train(self, cfg: Config, step: int, batch: dict, actor: TrainEngine, critic: TrainEngine,
               losses: dict[str, object]) -> tuple[dict, dict, dict, dict]:
@@ -118,8 +119,8 @@ class PlacedTraining:
             wall, t0 = time.time(), time.perf_counter()
             rows = rank_rows(full, engine.dp_rank, engine.dp_size, alg.mini_batches)
             trained[role] = (train_on(engine, rows, losses[role], alg), time.perf_counter() - t0)
-            if self.recorder is not None:  # this rank's own phase, at its real time (the sets train at once)
-                self.recorder.add(PHASE_PREFIX + f"train_{role}", 0, wall, trained[role][1], {"step": step, "roles": role})
+            # this rank's own phase, at its real time (the sets train at once)
+            record_phase(self.recorder, f"train_{role}", step, wall, trained[role][1], role)
         dist.barrier()  # the slower set's training is the phase's time, not the move's that follows it
         back = self.enter(GENERATE, home)
         back["placement/wait_seconds"] += metrics["placement/wait_seconds"]  # the step's switches waited this long

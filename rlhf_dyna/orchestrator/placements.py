@@ -53,9 +53,8 @@ def split_placement(cfg: Config, rollout_ranks: int) -> Placement:
 
 
 def split_shape(cfg: Config) -> SplitShape:
-    t = cfg.parallel.train
     return SplitShape(cfg.parallel.world_size, cfg.task.prompts_per_step, cfg.task.prompts_per_step * cfg.rollout.n,
-                      cfg.algorithm.mini_batches, cfg.rollout.tp, t.tp * t.pp * t.cp)
+                      cfg.algorithm.mini_batches, cfg.rollout.tp, placement_request(cfg).train.inner)
 
 
 def check_rebalance(cfg: Config) -> None:

@@ -101,36 +101,39 @@ def _device(mesh) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
 
 
+def engine_settings(cfg: Config, trainable: bool, lr: float | None = None) -> dict:
+    """`make_engine`'s settings of the run's engines: a trainable one (AdamW at `lr`, the actor's by default) or a
+    frozen one (the reference)."""
+    alg = cfg.algorithm
+    common = dict(pp_schedule=cfg.parallel.train.pp_schedule, precision=cfg.trainer.precision,
+                  micro_batch_size=alg.micro_batch_size, zero=cfg.parallel.train.zero)
+    if not trainable:
+        return {**common, "trainable": False}
+    return {**common, "lr": alg.lr if lr is None else lr, "weight_decay": alg.weight_decay, "betas": tuple(alg.betas),
+            "grad_clip": alg.grad_clip}
+
+
 def build_actor(cfg: Config, source: ModelSpec | str, ctx: RankContext, mesh=None) -> TrainEngine:
     """Random init: the full seeded model, then sharded (tiny recipes, bit-identical across layouts). A checkpoint:
     built on meta, sharded, and each rank reads only its shards (models.meta_init)."""
-    alg = cfg.algorithm
     mesh = mesh if mesh is not None else ParallelDims.from_config(cfg).train_mesh()  # split: the train set's mesh
     if isinstance(source, str):
         policy, materialize = meta_policy(checkpoint_config(source), DTYPES["fp32"]), checkpoint_loader(source, _device(mesh))
     else:
         policy, materialize = build_policy(source, DTYPES["fp32"], seed=cfg.trainer.seed), None
-    return make_engine(
-        policy, mesh, pp_schedule=cfg.parallel.train.pp_schedule, lr=alg.lr, weight_decay=alg.weight_decay, betas=tuple(alg.betas),
-        grad_clip=alg.grad_clip, precision=cfg.trainer.precision, micro_batch_size=alg.micro_batch_size,
-        zero=cfg.parallel.train.zero, materialize=materialize,
-    )
+    return make_engine(policy, mesh, materialize=materialize, **engine_settings(cfg, trainable=True))
 
 
 def build_critic_engine(cfg: Config, source: ModelSpec | str, actor: TrainEngine) -> TrainEngine:
     """A checkpoint gives the backbone per shard (meta build); the value head is random, seeded, either way."""
-    alg = cfg.algorithm
     if isinstance(source, str):
         config = checkpoint_config(source)
         head = value_head_init(config, DTYPES["fp32"], seed=cfg.trainer.seed + 1)
         critic, materialize = meta_critic(config, DTYPES["fp32"]), checkpoint_loader(source, actor.device, extra=head)
     else:
         critic, materialize = build_critic(source, DTYPES["fp32"], seed=cfg.trainer.seed + 1), None
-    return make_engine(
-        critic, actor.mesh, pp_schedule=cfg.parallel.train.pp_schedule, lr=alg.critic_lr, weight_decay=alg.weight_decay, betas=tuple(alg.betas),
-        grad_clip=alg.grad_clip, precision=cfg.trainer.precision, micro_batch_size=alg.micro_batch_size,
-        zero=cfg.parallel.train.zero, materialize=materialize,
-    )
+    return make_engine(critic, actor.mesh, materialize=materialize,
+                       **engine_settings(cfg, trainable=True, lr=cfg.algorithm.critic_lr))
 
 
 def build_reference(cfg: Config, source: ModelSpec | str, actor: TrainEngine) -> TrainEngine:
@@ -140,9 +143,7 @@ def build_reference(cfg: Config, source: ModelSpec | str, actor: TrainEngine) ->
         model.to_empty(device=actor.device)
         copy_local_shards_(model, actor.model)
     ref = meta_policy(actor.model.config, DTYPES["fp32"])
-    return make_engine(ref, actor.mesh, pp_schedule=cfg.parallel.train.pp_schedule, trainable=False, precision=cfg.trainer.precision,
-                       micro_batch_size=cfg.algorithm.micro_batch_size, zero=cfg.parallel.train.zero,
-                       materialize=copy_from_actor)
+    return make_engine(ref, actor.mesh, materialize=copy_from_actor, **engine_settings(cfg, trainable=False))
 
 
 def write_initial_checkpoint(source: ModelSpec | str, actor: TrainEngine, tokenizer: CharTokenizer, out_dir: Path,

@@ -28,24 +28,27 @@ import torch.distributed as dist
 
 from ..config import Config
 from ..elastic.placement import ACTOR, REFERENCE, TRAIN_ACTOR
-from ..elastic.rebalance import Decision, RebalanceRule, Rebalancer, StepTimes, split_candidates
+from ..elastic.rebalance import Decision, RebalanceRule, Rebalancer, StepTimes, move_seconds, split_candidates
 from ..elastic.world_builder import WorldBuilder, mesh_key
 from ..models.catalog import catalog_from_config
 from ..models.meta_init import meta_policy, recompute_buffers_
 from ..train.engine import TrainEngine
 from ..train.pipeline_engine import make_engine
-from ..transition.role_move import ALL_KINDS, move_role_state, optimizer_step, set_spec
+from ..transition.role_move import ALL_KINDS, move_role_state, optimizer_step, rank_set_spec
 from ..transition.subset_sync import SubsetSync
 from ..transition.trace import TraceRecorder
 from ..transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
 from ..vps.spec import ParallelSpec
 from ..vps.tensor import Kind
 from .placements import split_placement, split_shape
+from .setup import engine_settings
 from .split_run import SYNC, SplitRanks, SplitState, start_engine
 
 MOVE_EVENT = "rebalance"  # the whole move on the timeline; its VPS rounds are reshard/<role>/rebalance
 ENGINE_STOP_EVENT = "rebalance/engine_stop"  # a leaving engine's shutdown, in the background
 MOVES = {ACTOR: f"reshard/{ACTOR}/{MOVE_EVENT}", REFERENCE: f"reshard/{REFERENCE}/{MOVE_EVENT}"}
+ENGINES = {ACTOR: "actor", REFERENCE: "ref"}  # the role's engine in SplitState
+STOP_S = "rebalance/engine_stop_seconds"
 
 
 def materializer(mesh):
@@ -59,21 +62,17 @@ def materializer(mesh):
     return materialize
 
 
-def empty_engine(cfg: Config, hf_config, mesh, trainable: bool, materialize: bool = True) -> TrainEngine:
-    """An engine of the run's settings on `mesh` with uninitialised parameters: the destination of a move. Built from
-    the config, since a rank joining the train set holds no engine to copy settings from. `materialize=False`: a
-    skeleton (parameters on meta; `engine.materialize_now(materializer(mesh))` gives them storage), built ahead."""
-    alg = cfg.algorithm
-    optimizer = dict(lr=alg.lr, weight_decay=alg.weight_decay, betas=tuple(alg.betas), grad_clip=alg.grad_clip)
-    return make_engine(meta_policy(hf_config, torch.float32), mesh, pp_schedule=cfg.parallel.train.pp_schedule,
-                       precision=cfg.trainer.precision, micro_batch_size=alg.micro_batch_size,
-                       zero=cfg.parallel.train.zero, materialize=materializer(mesh) if materialize else None,
-                       **(optimizer if trainable else {"trainable": False}))
+def skeleton_engine(cfg: Config, hf_config, mesh, trainable: bool) -> TrainEngine:
+    """An engine of the run's settings on `mesh` with its parameters on meta, built ahead of a move: its destination
+    once `engine.materialize_now(materializer(mesh))` gives them storage. Built from the config, since a rank joining
+    the train set holds no engine to copy settings from (split runs have pp=1: a (dp, tp) mesh)."""
+    return make_engine(meta_policy(hf_config, torch.float32), mesh, materialize=None,
+                       **engine_settings(cfg, trainable))
 
 
-def deferrable(mesh) -> bool:
-    """A skeleton can be built ahead on a (dp, tp) mesh; a pipeline engine splits real stages: built at the move."""
-    return "pp" not in (mesh.mesh_dim_names or ())
+def role_kinds(trainable: bool) -> tuple[Kind, ...]:
+    """What a role's move carries: parameters and AdamW moments of a trained role, parameters of a frozen one."""
+    return ALL_KINDS if trainable else (Kind.PARAM,)
 
 
 class SplitRebalance:
@@ -101,11 +100,18 @@ class SplitRebalance:
         self.prepare_error: BaseException | None = None
 
     def _spec(self, rollout_ranks: int) -> ParallelSpec:
-        return set_spec(rollout_ranks, self.world_size - rollout_ranks, self.tp)
+        """The train set's spec under split `rollout_ranks`."""
+        train = self.placements[rollout_ranks].slot(TRAIN_ACTOR, ACTOR).ranks
+        return rank_set_spec(train, self.tp)  # type: ignore[arg-type]
 
     def _plan(self, src: ParallelSpec, dst: ParallelSpec, kinds: tuple[Kind, ...]):
         """This rank's share of a move's VPS plan, from vps_plans' cache (move_role_state asks for the same key)."""
         return planned(self.catalog, src, self.catalog, dst, kinds, DEFAULT_BUDGET_BYTES, self.rank)
+
+    def _role_plans(self, current: int, target: int) -> list:
+        """The plans of every role's state move from split `current` to `target`."""
+        src, dst = self._spec(current), self._spec(target)
+        return [self._plan(src, dst, role_kinds(trainable)) for _, trainable in self._roles()]
 
     def prepare_moves(self, current: int) -> None:
         """Local, on a background thread: every move's plans from split `current`, and this rank's destination
@@ -115,23 +121,17 @@ class SplitRebalance:
                 for target, placement in self.placements.items():
                     if target == current:
                         continue
-                    src, dst = self._spec(current), self._spec(target)
-                    self._plan(src, dst, ALL_KINDS)  # the actor's parameters and AdamW moments
-                    if self.has_reference:
-                        self._plan(src, dst, (Kind.PARAM,))
-                    sync = SubsetSync(self.hf_config, dst, 0, target)  # the first weight sync on the new split
+                    self._role_plans(current, target)
+                    sync = SubsetSync(self.hf_config, self._spec(target), 0, target)  # the first sync on the new split
                     planned(sync.catalog, sync.train, sync.catalog, sync.rollout, (Kind.PARAM,), sync.budget_bytes,
                             self.rank)
                     if self.rank < target:  # not in that split's train set
                         continue
                     mesh = self.builder.get(placement.key(), record=False).mesh(
                         placement.slot(TRAIN_ACTOR, ACTOR).spec)
-                    if not deferrable(mesh):
-                        continue
                     for role, trainable in self._roles():
                         if (target, role) not in self.skeletons:
-                            self.skeletons[target, role] = empty_engine(self.cfg, self.hf_config, mesh, trainable,
-                                                                        materialize=False)
+                            self.skeletons[target, role] = skeleton_engine(self.cfg, self.hf_config, mesh, trainable)
             except BaseException as err:  # surfaced by the move, on the main thread
                 self.prepare_error = err
 
@@ -148,23 +148,19 @@ class SplitRebalance:
         if self.prepare_error is not None:
             raise RuntimeError(f"preparing the moves failed: {self.prepare_error}") from self.prepare_error
 
-    def _destination(self, target: int, role: str, mesh, trainable: bool) -> TrainEngine:
-        """This rank's empty engine of `role` on split `target`: the skeleton built ahead, given its shards now."""
-        engine = self.skeletons.pop((target, role), None)
-        if engine is None:
-            return empty_engine(self.cfg, self.hf_config, mesh, trainable)
+    def _destination(self, target: int, role: str, mesh) -> TrainEngine:
+        """This rank's empty engine of `role` on split `target`: the skeleton built ahead (`prepare_moves` builds one
+        for every split this rank would train in), given its shards now."""
+        engine = self.skeletons.pop((target, role))
         engine.materialize_now(materializer(mesh))
         return engine
 
     def predicted_cost(self, current: int, target: int, sync_bytes_per_s: float, sync_s: float) -> float:
         """Seconds of moving current -> target: the state's planned bytes at the measured bandwidth (the last move's,
         else the weight sync's transfer), plus a joining engine's start and a weight sync into it."""
-        src, dst = self._spec(current), self._spec(target)
-        moved = int(self._plan(src, dst, ALL_KINDS).schedule.plan.pair_bytes().sum())
-        if self.has_reference:
-            moved += int(self._plan(src, dst, (Kind.PARAM,)).schedule.plan.pair_bytes().sum())
-        seconds = moved / max(self.move_bytes_per_s or sync_bytes_per_s, 1.0)
-        return seconds + (self.engine_start_s + sync_s if target > current else 0.0)
+        moved = sum(plan.bytes_between_ranks for plan in self._role_plans(current, target))
+        return move_seconds(moved, self.move_bytes_per_s or sync_bytes_per_s, target > current, self.engine_start_s,
+                            sync_s)
 
     def _decide(self, step: int, metrics: dict, transfer_s: float) -> Decision:
         times = StepTimes(self.manager.current, metrics["timing_s/gen"],
@@ -208,9 +204,10 @@ class SplitRebalance:
         t0, wall = time.perf_counter(), time.time()
         old, new = state.ranks, SplitRanks(self.cfg, target)
         world = self.builder.get(self.placements[target].key())
-        waited = time.perf_counter() - t0
+        parts = {"placement/wait_seconds": time.perf_counter() - t0}  # name -> this rank's seconds of that part
+        t = time.perf_counter()
         self._join_preparing()  # plans and skeletons of this move, built in the background since the last one
-        prepare_wait = time.perf_counter() - t0 - waited
+        parts["rebalance/prepare_wait_seconds"] = time.perf_counter() - t
         # one broadcast from the train set: the adaptive KL coefficient lives there, and the AdamW step counter that
         # the actor's move needs (the reference has no optimizer: -1, known everywhere)
         shared = torch.tensor([kl_ctl.value, optimizer_step(state.actor)], dtype=torch.float64)
@@ -218,70 +215,62 @@ class SplitRebalance:
         kl_ctl.value, actor_step = float(shared[0]), float(shared[1])
         mesh = world.mesh(self.placements[target].slot(TRAIN_ACTOR, ACTOR).spec)
         leaving = state.rollout if state.rollout is not None and not new.generates else None
-        stop_s = start_s = materialize_s = 0.0
-        if leaving is not None and mesh.device_type != "cpu":  # a GPU's train engine wants the engine's memory
-            t = time.perf_counter()
-            self._stop_in_background(leaving)
-            stop_s = time.perf_counter() - t
+        on_gpu = mesh.device_type != "cpu"
+        parts.update({STOP_S: 0.0, "rebalance/engine_start_seconds": 0.0, "rebalance/materialize_seconds": 0.0})
+        if leaving is not None and on_gpu:  # a GPU's train engine wants the engine's memory
+            parts[STOP_S] = self._stop_in_background(leaving)
         if leaving is not None:
             state.rollout = None
         src, dst = self._spec(old.rollout.size), self._spec(target)
         metrics: dict[str, float] = {}
         moved = 0
-        role_seconds = []
         t_state = time.perf_counter()
         for role, trainable in self._roles():
-            source = state.actor if role == ACTOR else state.ref
             t = time.perf_counter()
-            destination = self._destination(target, role, mesh, trainable) if new.trains else None
-            materialize_s += time.perf_counter() - t
-            stats = move_role_state(source, destination, src, dst, catalog=self.catalog, recorder=self.recorder,
-                                    trace_name=MOVES[role], step=actor_step if role == ACTOR else -1.0)
+            destination = self._destination(target, role, mesh) if new.trains else None
+            parts["rebalance/materialize_seconds"] += time.perf_counter() - t
+            stats = move_role_state(getattr(state, ENGINES[role]), destination, src, dst, catalog=self.catalog,
+                                    recorder=self.recorder, trace_name=MOVES[role],
+                                    step=actor_step if trainable else -1.0)
             name = MOVES[role]
             metrics.update({f"{name}/bytes_moved": float(stats.bytes_moved), f"{name}/rounds": float(stats.rounds),
                             f"{name}/peak_extra_bytes": float(stats.peak_extra_bytes)})
-            role_seconds.append(stats.seconds)
+            parts[f"{name}/seconds"] = stats.seconds
             moved += stats.bytes_moved
-            if role == ACTOR:
-                state.actor = destination
-            else:
-                state.ref = destination
-        state_s = time.perf_counter() - t_state
+            setattr(state, ENGINES[role], destination)
+        parts["rebalance/state_move_seconds"] = time.perf_counter() - t_state
         if new.generates and state.rollout is None:  # joins the rollout set: its engine opens the initial weights
             t = time.perf_counter()
             self._join_stopping()  # an engine this rank stopped earlier shares the weight file's name
             state.rollout = start_engine(self.cfg, self.model_dir, self.rank)
-            start_s = time.perf_counter() - t
+            parts["rebalance/engine_start_seconds"] = time.perf_counter() - t
         state.ranks = new
         state.sync = SubsetSync(self.hf_config, dst, new.rollout.first, new.rollout.size)
-        sync_s = state.sync_weights(self.recorder).seconds if target > old.rollout.size else 0.0  # joined engines
-        if leaving is not None and mesh.device_type == "cpu":  # the idle engine's shutdown overlaps the next step
-            t = time.perf_counter()
-            self._stop_in_background(leaving)
-            stop_s = time.perf_counter() - t
+        joined = target > old.rollout.size
+        parts["rebalance/resync_seconds"] = state.sync_weights(self.recorder).seconds if joined else 0.0
+        if leaving is not None and not on_gpu:  # the idle engine's shutdown overlaps the next step
+            parts[STOP_S] = self._stop_in_background(leaving)
         # the move ends when every rank is done (a joining engine's start included): the reduction of the parts'
         # seconds is its last collective, and the move's seconds include it
-        own = time.perf_counter() - t0
-        slowest = torch.tensor([own, state_s, stop_s, start_s, sync_s, waited, prepare_wait, materialize_s,
-                                *role_seconds], dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        seconds = max(time.perf_counter() - t0, float(slowest[0]))
+        parts["own"] = time.perf_counter() - t0
+        reduced = torch.tensor(list(parts.values()), dtype=torch.float64)
+        dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+        slowest = dict(zip(parts, reduced.tolist()))
+        seconds = max(time.perf_counter() - t0, slowest.pop("own"))
         if self.recorder is not None:
             self.recorder.add(MOVE_EVENT, 0, wall, seconds, {"from": old.rollout.size, "to": target})
-        _, state_s, stop_s, start_s, sync_s, waited, prepare_wait, materialize_s = slowest[:8].tolist()
-        for (role, _), role_s in zip(self._roles(), slowest[8:].tolist()):
-            metrics[f"{MOVES[role]}/seconds"] = role_s
+        state_s = slowest["rebalance/state_move_seconds"]
         self.move_bytes_per_s = moved / state_s if state_s > 0 and moved else self.move_bytes_per_s
         self.prepare_moves(target)  # the moves from the new split, in the background
-        return {**metrics, "rebalance/moved": 1.0, "rebalance/transition_seconds": seconds,
-                "rebalance/state_move_seconds": state_s, "rebalance/engine_stop_seconds": stop_s,
-                "rebalance/engine_start_seconds": start_s, "rebalance/resync_seconds": sync_s,
-                "rebalance/prepare_wait_seconds": prepare_wait, "rebalance/materialize_seconds": materialize_s,
-                "placement/build_seconds": world.build_seconds, "placement/wait_seconds": waited}
+        return {**metrics, **slowest, "rebalance/moved": 1.0, "rebalance/transition_seconds": seconds,
+                "placement/build_seconds": world.build_seconds}
 
-    def _stop_in_background(self, rollout) -> None:
+    def _stop_in_background(self, rollout) -> float:
         """Shut a leaving engine down on a thread: vLLM's shutdown waits seconds for its processes to exit, which the
-        move need not wait for on the CPU (on a GPU the train engine would want its memory first: join before)."""
+        move need not wait for on the CPU (on a GPU the train engine would want its memory first: join before).
+        Returns the seconds of handing it over to the thread."""
+        t0 = time.perf_counter()
+
         def stop() -> None:
             wall, t = time.time(), time.perf_counter()
             rollout.shutdown()  # local: its engine process and its shm file
@@ -291,6 +280,7 @@ class SplitRebalance:
         thread = threading.Thread(target=stop, name="rlhf_dyna-engine-stop")
         thread.start()
         self.stopping.append(thread)
+        return time.perf_counter() - t0
 
     def _join_stopping(self) -> None:
         for thread in self.stopping:

@@ -26,13 +26,13 @@ from ..elastic.placement import ACTOR, GENERATE, ROLLOUT, TRAIN_ACTOR, RankSet
 from ..models.build import make_hf_config, save_hf_dir
 from ..rollout.subset_engine import SubsetVLLMRollout
 from ..tasks.hf_tokenizer import build_tokenizer
-from ..tracking.timeline import PHASE_PREFIX, TIMELINE_FILE, write_timeline_png
+from ..tracking.timeline import record_phase, write_run_trace
 from ..tracking.tracker import Tracker
 from ..train.engine import TrainEngine, full_state_dict
 from ..train.mesh import build_mesh
-from ..transition.role_move import set_spec
+from ..transition.role_move import rank_set_spec
 from ..transition.subset_sync import SubsetSync
-from ..transition.trace import TraceRecorder, gather_trace, write_chrome_trace
+from ..transition.trace import TraceRecorder
 from .advantages import compute_advantages
 from .batch import gather_samples, pack, rank_rows
 from .objectives import actor_loss
@@ -42,7 +42,6 @@ from .setup import RankContext, build_actor, build_reference, build_task, model_
 from .step_metrics import rollout_metrics
 
 SYNC = f"reshard/{ACTOR}/{TRAIN_ACTOR}_to_{GENERATE}"  # the actor's weights, train set -> rollout set, every step
-TRACE_FILE = "transition_trace.json"
 
 
 class SplitRanks:
@@ -58,10 +57,6 @@ class SplitRanks:
         # one tp=1 replica per rollout rank; the train context is the train set's (dp, tp), ranks counted from its first
         self.gen_ctx = RankContext(self.rank - self.rollout.first, self.rollout.size, 1, 1, 1)
         self.train_ctx = RankContext(self.rank - self.train.first, self.train.size, self.train.size // tp, tp, 1)
-
-    @property
-    def roles(self) -> str:
-        return "rollout" if self.generates else "actor, reference"
 
     def from_trainer(self, value):
         """Collective: the train set's first rank's `value` on every rank."""
@@ -116,13 +111,6 @@ class SplitState:
     def sync_weights(self, recorder: TraceRecorder | None = None):
         """Collective: the actor's weights, train set -> every engine of the rollout set."""
         return self.sync.sync(self.actor, self.rollout, recorder, SYNC)
-
-
-def record_phase(recorder: TraceRecorder | None, phase: str, step: int, wall: float, seconds: float,
-                 roles: str) -> None:
-    """One phase this rank served, at its real time (the sets work at different times), for the timeline."""
-    if recorder is not None:
-        recorder.add(PHASE_PREFIX + phase, 0, wall, seconds, {"step": step, "roles": roles})
 
 
 def start_engine(cfg: Config, model_dir: Path, rank: int) -> SubsetVLLMRollout:
@@ -181,7 +169,7 @@ def run_split(cfg: Config, out_dir: Path, dist_info) -> None:
     if rebalance is not None:  # rank 0 always generates: its engine's start predicts the start of a joining one
         rebalance.model_dir, rebalance.engine_start_s = model_dir, time.perf_counter() - started
     state = SplitState(ranks, actor, None, rollout, SubsetSync(
-        hf_config, set_spec(ranks.train.first, ranks.train.size, ranks.train_ctx.tp), ranks.rollout.first,
+        hf_config, rank_set_spec(ranks.train, ranks.train_ctx.tp), ranks.rollout.first,
         ranks.rollout.size))
     tracker = None
     if ranks.rank == 0:
@@ -214,7 +202,8 @@ def run_split(cfg: Config, out_dir: Path, dist_info) -> None:
             if tracker:
                 tracker.log(step, metrics)
         if recorder is not None:  # collective, so not in `finally`: after one rank fails the others would wait forever
-            write_trace(cfg, out_dir, recorder)
+            title = f"{cfg.recipe}: placement=split" + (", rebalance" if cfg.placement.rebalance else "")
+            write_run_trace(recorder, out_dir, title=f"{title}: phases and transitions")
     finally:
         if tracker:
             tracker.close()
@@ -222,15 +211,6 @@ def run_split(cfg: Config, out_dir: Path, dist_info) -> None:
             rebalance.close()
         if state.rollout is not None:  # local: stops the engine process and removes its shm file
             state.rollout.shutdown()
-
-
-def write_trace(cfg: Config, out_dir: Path, recorder: TraceRecorder) -> None:
-    """Collective: every rank's phases and transition rounds -> transition_trace.json and timeline.png (rank 0)."""
-    events = gather_trace(recorder)
-    if dist.get_rank() == 0:
-        write_chrome_trace(events, out_dir / TRACE_FILE)
-        title = f"{cfg.recipe}: placement=split" + (", rebalance" if cfg.placement.rebalance else "")
-        write_timeline_png(events, out_dir / TIMELINE_FILE, title=f"{title}: phases and transitions")
 
 
 def actor_config(path: str):

@@ -2,15 +2,21 @@
 next to the transitions' rounds, as events of the run's Chrome trace and as `timeline.png`.
 
 The loop times its phases one after another (`timing_s/<phase>` of a step); `record_step_phases` turns one
-step's timings back into events on the trace recorder, so the loop needs no extra timing code.
+step's timings back into events on the trace recorder, so the loop needs no extra timing code; a rank that times
+a phase itself records it with `record_phase`. `write_run_trace` writes both files of a run.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import torch.distributed as dist
+
+from ..transition.trace import gather_trace, write_chrome_trace
+
 PHASE_PREFIX = "phase/"
 TIMELINE_FILE = "timeline.png"
+TRACE_FILE = "transition_trace.json"
 # phase timed by the loop -> (event name, roles it serves); in the order the loop runs them
 STEP_PHASES = (
     ("timing_s/gen", "generate", "rollout"),
@@ -22,6 +28,12 @@ COLORS = {"generate": "tab:green", "prepare": "tab:orange", "train_actor": "tab:
 TRANSITION_COLOR = "tab:red"
 
 
+def record_phase(recorder, phase: str, step: int, wall: float, seconds: float, roles: str) -> None:
+    """One phase this rank served, from `wall` (time.time()) for `seconds`, for the timeline (None: no trace)."""
+    if recorder is not None:
+        recorder.add(PHASE_PREFIX + phase, 0, wall, seconds, {"step": step, "roles": roles})
+
+
 def record_step_phases(recorder, step: int, start_s: float, timings: Mapping[str, float]) -> None:
     """Adds one event per phase of a step that started at `start_s` (time.time()), phases back to back; a phase the
     rank recorded itself for this step (placed training: the sets train at once, each rank only its role's phase)
@@ -30,12 +42,20 @@ def record_step_phases(recorder, step: int, start_s: float, timings: Mapping[str
     own = any(is_phase(e.name) and e.args.get("step") == step for e in recorder.events)
     for key, phase, roles in STEP_PHASES:
         if key in timings and not (own and phase in ("train_actor", "train_critic")):
-            recorder.add(PHASE_PREFIX + phase, 0, t, timings[key], {"step": step, "roles": roles})
+            record_phase(recorder, phase, step, t, timings[key], roles)
             t += timings[key]
 
 
 def is_phase(name: str) -> bool:
     return name.startswith(PHASE_PREFIX)
+
+
+def write_run_trace(recorder, out_dir: Path, title: str) -> None:
+    """Collective: every rank's phases and transition rounds -> transition_trace.json and timeline.png (rank 0)."""
+    events = gather_trace(recorder)
+    if dist.get_rank() == 0:
+        write_chrome_trace(events, out_dir / TRACE_FILE)
+        write_timeline_png(events, out_dir / TIMELINE_FILE, title=title)
 
 
 def write_timeline_png(events: Iterable, path: str | Path, title: str = "rlhf_dyna timeline") -> Path:

@@ -77,15 +77,17 @@ class TrainEngine:
         self.model = parallelize(model, mesh, precision, zero)
         # a model built on the meta device gets its shards here, after the placements exist, before the optimizer
         self.materialized = materialize(self.model) if materialize is not None else None
-        self._adamw = dict(lr=lr, betas=betas, weight_decay=weight_decay) if trainable else None
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), **self._adamw) if trainable else None
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas,
+                                           weight_decay=weight_decay) if trainable else None
 
     def materialize_now(self, materialize: Callable[[nn.Module], object]) -> None:
         """An engine built on meta parameters without `materialize` (a skeleton, built ahead of time) gets its shards
-        here; the optimizer is made again over the materialized parameters, as the constructor would have."""
+        here; the optimizer is made again over the materialized parameters, with the constructor's settings."""
         self.materialized = materialize(self.model)
-        if self._adamw is not None:
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), **self._adamw)
+        if self.optimizer is not None:
+            group = self.optimizer.param_groups[0]
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=group["lr"], betas=group["betas"],
+                                               weight_decay=group["weight_decay"])
 
     @property
     def dp_rank(self) -> int:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 
+from rlhf_dyna.elastic.placement import RankSet
 from rlhf_dyna.models.build import ValueModel
 from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.models.value_catalog import value_catalog_from_config
@@ -48,6 +49,11 @@ def set_spec(first_rank: int, size: int, tp: int) -> ParallelSpec:
     """The VPS spec of an engine whose (dp, tp) mesh covers ranks [first_rank, first_rank + size), TP innermost:
     what `bind_train.train_spec` reads from such an engine's DTensors."""
     return vps_spec.train_spec(size // tp, tp, first_rank=first_rank)
+
+
+def rank_set_spec(ranks: RankSet, tp: int) -> ParallelSpec:
+    """`set_spec` of an engine on the rank set `ranks`."""
+    return set_spec(ranks.first, ranks.size, tp)
 
 
 def engine_on(home: TrainEngine, mesh: DeviceMesh) -> TrainEngine:
@@ -96,24 +102,19 @@ def _of_kinds(state: Mapping[StateKey, Tensor], kinds: tuple[Kind, ...]) -> dict
 
 
 def move_role_state(source: TrainEngine | None, destination: TrainEngine | None,
-                    src_spec: ParallelSpec, dst_spec: ParallelSpec, reference: TrainEngine | None = None,
+                    src_spec: ParallelSpec, dst_spec: ParallelSpec, catalog: ModelCatalog,
                     budget_bytes: int = DEFAULT_BUDGET_BYTES, recorder: TraceRecorder | None = None,
-                    trace_name: str = "role_move", catalog: ModelCatalog | None = None,
-                    step: float | None = None) -> RoleMoveStats:
+                    trace_name: str = "role_move", step: float | None = None) -> RoleMoveStats:
     """Collective over the world. `source` / `destination`: this rank's engine in the source / destination set, or
-    None where the rank is outside that set. `reference`: an engine every rank holds with the same model (its dtypes
-    name the catalog, identically on every rank); or, where some ranks hold none (placement=split), the `catalog`
-    itself. Parameters always move; AdamW moments when the source has them. `step`: the source's AdamW step counter
-    (`optimizer_step`, -1 without moments) where every rank knows it already; None: broadcast from the source set."""
-    if catalog is None and reference is None:
-        raise ValueError("move_role_state needs the model's catalog: pass reference= (an engine on every rank) or "
-                         "catalog=")
+    None where the rank is outside that set. `catalog`: the model's VPS catalog, the same on every rank
+    (`role_catalog` of an engine every rank holds, or built from the config where some ranks hold none). Parameters
+    always move; AdamW moments when the source has them. `step`: the source's AdamW step counter (`optimizer_step`,
+    -1 without moments) where every rank knows it already; None: broadcast from the source set."""
     start, rank = time.perf_counter(), dist.get_rank()
     step = shared_step(source, src_spec.first_rank) if step is None else step
     kinds = ALL_KINDS if step >= 0 else (Kind.PARAM,)
     if destination is not None:
         prepare_optimizer(destination, step)
-    catalog = catalog if catalog is not None else role_catalog(reference)  # type: ignore[arg-type]
     t = planned(catalog, src_spec, catalog, dst_spec, kinds, budget_bytes, rank)
     src = _of_kinds(bind_train_state(source), kinds) if source is not None else {}
     dst = _of_kinds(bind_train_state(destination), kinds) if destination is not None else {}
@@ -123,8 +124,7 @@ def move_role_state(source: TrainEngine | None, destination: TrainEngine | None,
         refresh_fsdp_shards(destination.model)
         if destination.zero < 3:
             destination.materialize_replicas()
-    moved = int(t.schedule.plan.pair_bytes().sum())  # sends between ranks: the same on every rank, no collective
-    return RoleMoveStats(time.perf_counter() - start, moved, stats.rounds, stats.peak_extra_bytes)
+    return RoleMoveStats(time.perf_counter() - start, t.bytes_between_ranks, stats.rounds, stats.peak_extra_bytes)
 
 
 def _storages(engine: TrainEngine) -> dict[int, torch.UntypedStorage]:

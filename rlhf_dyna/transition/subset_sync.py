@@ -61,8 +61,7 @@ class SubsetSync:
         self.transfer_seconds = time.perf_counter() - moving  # without planning and the engine's install
         if rollout is not None:
             rollout.load_weights(self._named(dst))
-        moved = int(t.schedule.plan.pair_bytes().sum())
-        return SyncStats(time.perf_counter() - start, moved, stats.rounds, stats.peak_extra_bytes)
+        return SyncStats(time.perf_counter() - start, t.bytes_between_ranks, stats.rounds, stats.peak_extra_bytes)
 
     def _named(self, whole: dict[str, torch.Tensor]):
         """(HF name, tensor) from the buffers "<name>:param"; a tied lm_head is yielded too (vLLM reloads every layer)."""

@@ -31,6 +31,11 @@ class PlannedTransition:
     rank_plan: PreparedPlan  # this rank's share, cut into messages once
 
     @cached_property
+    def bytes_between_ranks(self) -> int:
+        """Bytes the whole schedule sends from rank to rank (the same on every rank: no collective)."""
+        return int(self.schedule.plan.pair_bytes().sum())
+
+    @cached_property
     def src_buffers(self) -> dict[str, Buffer]:
         return self.src.buffers(self.rank_plan.plan.rank)
 

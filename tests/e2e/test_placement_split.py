@@ -9,8 +9,9 @@ change the rewards of the next step. No engine process outlives the run and no w
 placement.rebalance=true starts a run deliberately unbalanced (3 rollout ranks, 1 train rank, which trains every row
 of the step) and the manager moves ranks from generation to training after a measured step (3+1 -> 2+2 or 1+3: ranks
 leave the rollout set, so no engine has to start): one VPS move of the actor's parameters and AdamW moments and of the
-reference's parameters. That run, too, logs what colocate logs, and its trace and timeline show the move. The
-colocate run is shared by both comparisons (module fixture)."""
+reference's parameters. That run, too, logs what colocate logs, and its trace and timeline show the move. Each
+comparison runs its own colocate: the re-balancing one with micro-batches of 1 (training-bound on 3+1 on an idle
+machine too), the staleness-0 one with 4."""
 from __future__ import annotations
 
 import json
@@ -71,21 +72,13 @@ def kill_marked(run_dir: Path) -> None:
 @pytest.fixture(autouse=True)
 def no_leftover_processes(tmp_path):
     yield
-    for name in ("split", "rebalance"):
+    for name in ("colocate", "split", "rebalance"):
         kill_marked(tmp_path / name)
 
 
-@pytest.fixture(scope="module")
-def colocate(tmp_path_factory) -> list[dict]:
-    run_dir = tmp_path_factory.mktemp("shared") / "colocate"
-    try:
-        yield run(run_dir, *GRPO4)
-    finally:
-        kill_marked(run_dir)
-
-
 @pytest.mark.timeout(900)
-def test_split_staleness_0_logs_what_colocate_logs(tmp_path, colocate):
+def test_split_staleness_0_logs_what_colocate_logs(tmp_path):
+    colocate = run(tmp_path / "colocate", *GRPO4)
     before = weight_files()
     split = run(tmp_path / "split", *GRPO4, "placement=split", "placement.max_staleness=0")
     assert with_mark(str(tmp_path / "split")) == [], "engine or rank processes outlived the split run"

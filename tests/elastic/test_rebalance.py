@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from rlhf_dyna.elastic.rebalance import (RebalanceRule, Rebalancer, SplitShape, StepTimes, describe_invalid,
-                                         split_candidates)
+                                         move_seconds, split_candidates)
 
 FREE = lambda target: 0.0  # noqa: E731  a move that costs nothing
 
@@ -127,6 +127,23 @@ def test_noisy_times_never_make_it_oscillate():
     path = [sizes[0], *changes]
     for i in range(len(path) - 3):
         assert not (path[i] == path[i + 2] and path[i + 1] == path[i + 3]), path
+    # these times: 3 -> 1 (generation looked cheap), 1 -> 2 (a split not left yet), then it stays on 2
+    assert changes == [1, 2] and m.left == [3, 1] and m.current == 2 and not m.settled
+
+
+def test_after_one_return_the_manager_stays_whatever_it_measures():
+    """A -> B -> A, then times that make A far slower than B was: no move after the return (without the settling
+    these times take it 3 -> 2 -> 3 -> 2 -> 3), so never A -> B -> A -> B."""
+    m = manager()
+    sizes = [m.current]
+    times = [(0.3, 2.0), (1.5, 2.0)] + [(0.2, 9.0)] * 8  # 3 looks training-bound; 2 measured worse; then 3 far worse
+    for remaining, (gen, train) in zip(range(10, 0, -1), times):
+        m.observe(step(m.current, gen, train))
+        m.apply(m.decide(remaining, FREE))
+        sizes.append(m.current)
+    changes = [b for a, b in zip(sizes, sizes[1:]) if a != b]
+    assert changes == [2, 3] and m.left == [3, 2] and m.settled
+    assert sizes == [3, 2] + [3] * 9
 
 
 def test_measured_gain_is_step_before_minus_step_after():
@@ -141,3 +158,9 @@ def test_measured_gain_is_step_before_minus_step_after():
 def test_the_starting_split_must_be_valid():
     with pytest.raises(ValueError, match=r"3\+1 is not among the valid rollout sizes \[2\]"):
         Rebalancer(4, [2], start=3)
+
+
+def test_a_move_costs_its_bytes_at_the_bandwidth_plus_a_joining_engine_start_and_sync():
+    assert move_seconds(3_000_000, 1e7, joins=False, engine_start_s=5.0, sync_s=0.1) == pytest.approx(0.3)
+    assert move_seconds(3_000_000, 1e7, joins=True, engine_start_s=5.0, sync_s=0.1) == pytest.approx(5.4)
+    assert move_seconds(10, 0.0, joins=False, engine_start_s=0.0, sync_s=0.0) == 10.0  # no bandwidth yet: 1 B/s

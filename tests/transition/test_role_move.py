@@ -10,7 +10,8 @@ from rlhf_dyna.models.build import build_critic, build_policy
 from rlhf_dyna.orchestrator.batch import shard_rows
 from rlhf_dyna.train.engine import TrainEngine, token_logprobs
 from rlhf_dyna.train.mesh import build_mesh
-from rlhf_dyna.transition.role_move import ParkedState, engine_on, move_role_state, optimizer_step, set_spec
+from rlhf_dyna.transition.role_move import (ParkedState, engine_on, move_role_state, optimizer_step, role_catalog,
+                                          set_spec)
 from tests.engines._common import random_batch
 from tests.engines._dist import run_ranks
 from tests.transition.test_relayout import SPEC
@@ -47,7 +48,7 @@ def _lend_and_return(rank: int, world: int) -> None:
             _step(engine, b1, loss)
         member = first <= rank < first + size
         lent = engine_on(home, meshes[role]) if member else None
-        out = move_role_state(home, lent, set_spec(0, world, 1), set_spec(first, size, 1), reference=home)
+        out = move_role_state(home, lent, set_spec(0, world, 1), set_spec(first, size, 1), catalog=role_catalog(home))
         assert out.bytes_moved > 0 and out.rounds >= 1
         parked = ParkedState()
         assert parked.park(home) > 0  # the home copy's memory is freed while the role is lent
@@ -59,7 +60,7 @@ def _lend_and_return(rank: int, world: int) -> None:
             _step(lent, b2, loss)  # the lent engine trains on its own set while the twin trains on the world
         _step(twin, b2, loss)
         parked.unpark()
-        move_role_state(lent, home, set_spec(first, size, 1), set_spec(0, world, 1), reference=home)
+        move_role_state(lent, home, set_spec(first, size, 1), set_spec(0, world, 1), catalog=role_catalog(home))
         assert optimizer_step(home) == 2.0
         expected = _read(twin, b3)
         torch.testing.assert_close(_read(home, b3), expected, rtol=1e-5, atol=1e-6)
