@@ -33,9 +33,16 @@ from bench.ranks import init_rank, launch
 from bench.vllm_rows import PROMPTS, capture_staged, dummy_rollout, repack_seconds, whole_plan
 from bench_report import machine
 from bench_reshard import ROLLOUT_TP, SIZES, WORLD, free_port, random_source
-from rlhf_dyna.transition.bind_vllm import STAGING_POOL
 from rlhf_dyna.transition.relayout import MeshCache
+from rlhf_dyna.transition.tensor_pool import TensorPool
 from rlhf_dyna.transition.vps_sync import VpsSync
+
+
+class FreshStagingPool(TensorPool):
+    """Staging as before the pool: every take allocates, nothing given back is kept."""
+
+    def give(self, tensors) -> None:
+        pass
 
 
 def max_over_ranks(values: dict[str, float]) -> dict[str, float]:
@@ -51,23 +58,23 @@ def rank_main(rank: int, port: int, size: str, repeats: int, budget_bytes: int |
     engine = random_source(SIZES[size], MeshCache(), adamw_state=False)
     model_dir = Path(f"{out}.model")
     rollout = dummy_rollout(engine, model_dir, ROLLOUT_TP)
-    vps = VpsSync(**({} if budget_bytes is None else {"budget_bytes": budget_bytes}))
-    vps.sync(engine, rollout)  # cold: planning
+    budget = {} if budget_bytes is None else {"budget_bytes": budget_bytes}
+    syncs = {"pooled": VpsSync(**budget), "fresh_staging": VpsSync(**budget, pool=FreshStagingPool())}
+    for variant in variants:
+        syncs[variant].sync(engine, rollout)  # cold: planning
+    vps = syncs["pooled"]
     captured = capture_staged(vps, engine, rollout)
     repack_seconds(captured, engine, rollout, vps.budget_bytes)  # warm-up
     pairs = whole_plan(engine, rollout, vps.budget_bytes).schedule.plan.pair_bytes()
     runs = []
     for i in range(repeats * len(variants)):  # variants alternate, each run right after its own floor probes
         variant = variants[i % len(variants)]
-        if variant == "fresh_staging":  # staging as before the pool: new tensors every group, freed after its install
-            STAGING_POOL.clear()
-            STAGING_POOL.give = lambda tensors: None
         repack = repack_seconds(captured, engine, rollout, vps.budget_bytes)
         wire = pattern_seconds(pairs)
         dist.barrier()
-        stats = vps.sync(engine, rollout)
-        vars(STAGING_POOL).pop("give", None)
-        phases = dict(vps.phases, execute_copy=vps.last.copy_seconds, execute_wait=vps.last.wait_seconds)
+        sync = syncs[variant]
+        stats = sync.sync(engine, rollout)
+        phases = dict(sync.phases, execute_copy=sync.last.copy_seconds, execute_wait=sync.last.wait_seconds)
         by_rank: list[object] = [None] * WORLD
         dist.all_gather_object(by_rank, phases)
         run = max_over_ranks(dict(seconds=stats.seconds, **{f"phase/{k}": v for k, v in phases.items()}))
