@@ -48,15 +48,25 @@ def summary(rows: list[dict]) -> dict:
         out["max_wait_s"] = max(r.get("placement/wait_seconds", 0.0) for r in steps)
     moves = [r for r in steps if r.get("rebalance/moved")]
     if moves:
-        total = sum(r["timing_s/step"] + r.get("rebalance/transition_seconds", 0.0) for r in steps)
-        out["moves"] = [{
-            "after_step": r["step"], "from_rollout_ranks": r["rebalance/from_rollout_ranks"],
-            "to_rollout_ranks": r["rebalance/rollout_ranks"],
-            "predicted_gain_s_per_step": r["rebalance/predicted_gain_s"],
-            "predicted_cost_s": r["rebalance/predicted_cost_s"], "transition_s": r["rebalance/transition_seconds"],
-            "share_of_its_step": r["rebalance/transition_share"],
-            "amortized_share_of_run": r["rebalance/transition_seconds"] / total,
-        } for r in moves]
+        by_step = {r["step"]: r for r in steps}
+        total = sum(r["timing_s/step"] + r.get("rebalance/lost_seconds", 0.0) for r in steps)
+        out["moves"] = []
+        for r in moves:  # a move's cost is logged in the step it served, the one after it
+            served = by_step[r["step"] + 1]
+            out["moves"].append({
+                "after_step": r["step"], "from_rollout_ranks": r["rebalance/from_rollout_ranks"],
+                "to_rollout_ranks": r["rebalance/rollout_ranks"],
+                "predicted_gain_s_per_step": r["rebalance/predicted_gain_s"],
+                "predicted_cost_s": r["rebalance/predicted_cost_s"],
+                "transition_s": served["rebalance/transition_seconds"],
+                "lost_s": served["rebalance/lost_seconds"],
+                "parts_s": {k: v for k, v in served.items() if k.startswith(("rebalance/", "reshard/"))
+                            and k.endswith("seconds") and k not in ("rebalance/transition_seconds",
+                                                                     "rebalance/lost_seconds")},
+                "served_step_s": served["timing_s/step"],
+                "share_of_its_step": served["rebalance/transition_share"],
+                "amortized_share_of_run": served["rebalance/lost_seconds"] / total,
+            })
         gains = [r["rebalance/measured_gain_s"] for r in steps if "rebalance/measured_gain_s" in r]
         # the last step's rebalance/measured_gain_s: mean step on the split left last minus on the current one, the
         # first step of each stay on a split left out (Rebalancer.measured_gain); the move's own seconds not in it
@@ -93,8 +103,8 @@ def main() -> None:
             line += (f"\n  rebalance after step {m['after_step']}: {m['from_rollout_ranks']:.0f} -> "
                      f"{m['to_rollout_ranks']:.0f} rollout ranks, predicted "
                      f"{m['predicted_gain_s_per_step']:.3f} s/step for {m['predicted_cost_s']:.3f} s; took "
-                     f"{m['transition_s']:.3f} s ({100 * m['share_of_its_step']:.1f}% "
-                     f"of its step, {100 * m['amortized_share_of_run']:.2f}% of the run); measured gain "
+                     f"{m['transition_s']:.3f} s, the step it served lost {m['lost_s']:.3f} s "
+                     f"({100 * m['share_of_its_step']:.1f}% of that step, {100 * m['amortized_share_of_run']:.2f}% of the run); measured gain "
                      f"{s['measured_gain_s']}")
         print(line)
 

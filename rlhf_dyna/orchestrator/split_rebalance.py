@@ -7,9 +7,9 @@ the engines of ranks that leave the rollout set shut down on a background thread
 engine process and shm file go, joined before the rank starts an engine again and at the end of the run); the actor's
 parameters and AdamW moments, and the reference's parameters, move by VPS plan from the old train set's FSDP mesh to
 empty engines on the new one (`reshard/actor/rebalance/*`, `reshard/reference/rebalance/*`); ranks that join the
-rollout set start their tp=1 engine, and the weight sync fills it. Logged: `rebalance/rollout_ranks` every step; on a
-move the predicted gain and cost, the measured seconds of each part (the slowest rank's: the run waits for it); after
-it `rebalance/measured_gain_s`.
+rollout set start their tp=1 engine, and the weight sync fills it. Logged: `rebalance/rollout_ranks` every step; in
+the step of a move the decision (`rebalance/moved`, the predicted gain and cost); in the step it served the measured
+seconds of each part (the slowest rank's) and what they cost; later `rebalance/measured_gain_s`.
 
 The fixed work of a move is done ahead of it, on a background thread, for every split the run may move to from the
 current one (`prepare_moves`, again after each move): the VPS plans of the actor's and the reference's state moves
@@ -17,11 +17,19 @@ and of the first weight sync after the move (plans are pure: vps_plans caches th
 train there, the destination engines as skeletons (meta parameters, TP and FSDP2 applied: no storage, no
 collective). The move itself allocates the skeleton's shards and moves the bytes; a leaving engine shuts down after
 the move (on a GPU, before it: the train engine wants its memory).
+
+A move does not end in a barrier: each rank goes on to the next step as soon as its own part is done, so rollout ranks
+that hold no training state generate the next step while the train set moves its state. The parts' times are reduced
+in the next `after_step` and logged in the step the move served: `rebalance/transition_seconds` (the slowest rank's
+part) and `rebalance/lost_seconds`, the wall time the step lost to it (staleness 0: the rollout set's part, or the
+train set's part beyond the step's generation, whichever is larger; staleness 1: at most the larger part), with
+`rebalance/transition_share` = lost / that step's seconds.
 """
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -75,6 +83,19 @@ def role_kinds(trainable: bool) -> tuple[Kind, ...]:
     return ALL_KINDS if trainable else (Kind.PARAM,)
 
 
+@dataclass
+class PendingMove:
+    """A move whose parts' times are not reduced yet: every rank's own seconds of each part, and what it moved."""
+
+    parts: dict[str, float]
+    metrics: dict[str, float]
+    moved_bytes: int
+    build_seconds: float
+
+
+GENERATES_S, TRAINS_S = "rebalance/rollout_set_seconds", "rebalance/train_set_seconds"  # each set's slowest part
+
+
 class SplitRebalance:
     """This rank's part of re-balancing: the candidate splits and their background-built worlds; on rank 0 the
     decision state. `after_step` is collective."""
@@ -98,6 +119,7 @@ class SplitRebalance:
         self.skeletons: dict[tuple[int, str], TrainEngine] = {}  # (rollout ranks, role) -> destination built ahead
         self.preparing: threading.Thread | None = None
         self.prepare_error: BaseException | None = None
+        self.pending: PendingMove | None = None  # the last move, until the step it served ends
 
     def _spec(self, rollout_ranks: int) -> ParallelSpec:
         """The train set's spec under split `rollout_ranks`."""
@@ -176,31 +198,50 @@ class SplitRebalance:
         return decision
 
     def after_step(self, step: int, state: SplitState, metrics: dict, kl_ctl) -> dict[str, float]:
-        """Collective: rank 0 decides from the step's metrics; every rank carries out a move. Returns the metrics."""
+        """Collective: the cost of the move that served this step is logged; rank 0 decides from the step's metrics;
+        every rank carries out a move. Returns the metrics."""
+        out = self._finish_pending(metrics)
         decision = self._decide(step, metrics, state.sync.transfer_seconds) if self.manager is not None else None
         box = [decision]
         dist.broadcast_object_list(box, src=0)
         decision = box[0]
-        out = {}
         if self.manager is not None and (gain := self.manager.measured_gain()) is not None:
             out["rebalance/measured_gain_s"] = gain  # mean step on the split left last minus on this one
         if decision.moves:
-            out.update(self.move(state, decision.target, kl_ctl), **{
-                "rebalance/from_rollout_ranks": float(decision.current),
-                "rebalance/predicted_gain_s": decision.predicted_gain_s,
-                "rebalance/predicted_total_gain_s": decision.predicted_total_gain_s,
-                "rebalance/predicted_cost_s": decision.predicted_cost_s})
-            out["rebalance/transition_share"] = out["rebalance/transition_seconds"] / metrics["timing_s/step"]
+            self.move(state, decision.target, kl_ctl)
+            out.update({"rebalance/moved": 1.0, "rebalance/from_rollout_ranks": float(decision.current),
+                        "rebalance/predicted_gain_s": decision.predicted_gain_s,
+                        "rebalance/predicted_total_gain_s": decision.predicted_total_gain_s,
+                        "rebalance/predicted_cost_s": decision.predicted_cost_s})
             if self.manager is not None:
                 self.manager.apply(decision)
         out["rebalance/rollout_ranks"] = float(state.ranks.rollout.size)
         return out
 
-    def move(self, state: SplitState, target: int, kl_ctl) -> dict[str, float]:
+    def _finish_pending(self, metrics: dict) -> dict[str, float]:
+        """Collective: the last move's parts reduced over the ranks (each part's slowest rank), and what the step
+        it served lost to it. Empty where no move is pending (every rank knows: moves are decided together)."""
+        move, self.pending = self.pending, None
+        if move is None:
+            return {}
+        reduced = torch.tensor(list(move.parts.values()), dtype=torch.float64)
+        dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+        slowest = dict(zip(move.parts, reduced.tolist()))
+        rollout_s, train_s = slowest.pop(GENERATES_S), slowest.pop(TRAINS_S)
+        if self.cfg.placement.max_staleness == 0:  # the rollout set generated this step while the train set moved
+            lost = max(rollout_s, train_s - metrics["timing_s/gen"])
+        else:  # generation and training run side by side: a bound
+            lost = max(rollout_s, train_s)
+        state_s = slowest["rebalance/state_move_seconds"]
+        if state_s > 0 and move.moved_bytes:
+            self.move_bytes_per_s = move.moved_bytes / state_s
+        return {**move.metrics, **slowest, "rebalance/transition_seconds": max(rollout_s, train_s),
+                "rebalance/lost_seconds": lost, "rebalance/transition_share": lost / metrics["timing_s/step"],
+                "placement/build_seconds": move.build_seconds}
+
+    def move(self, state: SplitState, target: int, kl_ctl) -> None:
         """Collective: the split becomes `target` rollout ranks + the rest training; `state` now holds the new parts.
-        Every part is timed on every rank and logged as the slowest rank's; the move's seconds run from this rank's
-        entry to the end of the collective that ends it (the reduction of those times), the slowest rank's logged:
-        the wall time the run lost to the move."""
+        Every part is timed on every rank; `self.pending` keeps the times until the next `after_step` reduces them."""
         t0, wall = time.perf_counter(), time.time()
         old, new = state.ranks, SplitRanks(self.cfg, target)
         world = self.builder.get(self.placements[target].key())
@@ -250,20 +291,13 @@ class SplitRebalance:
         parts["rebalance/resync_seconds"] = state.sync_weights(self.recorder).seconds if joined else 0.0
         if leaving is not None and not on_gpu:  # the idle engine's shutdown overlaps the next step
             parts[STOP_S] = self._stop_in_background(leaving)
-        # the move ends when every rank is done (a joining engine's start included): the reduction of the parts'
-        # seconds is its last collective, and the move's seconds include it
-        parts["own"] = time.perf_counter() - t0
-        reduced = torch.tensor(list(parts.values()), dtype=torch.float64)
-        dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
-        slowest = dict(zip(parts, reduced.tolist()))
-        seconds = max(time.perf_counter() - t0, slowest.pop("own"))
+        # no barrier: this rank goes on to the next step; the parts are reduced in the next after_step
+        own = time.perf_counter() - t0
+        parts[GENERATES_S], parts[TRAINS_S] = (own if new.generates else 0.0), (own if new.trains else 0.0)
         if self.recorder is not None:
-            self.recorder.add(MOVE_EVENT, 0, wall, seconds, {"from": old.rollout.size, "to": target})
-        state_s = slowest["rebalance/state_move_seconds"]
-        self.move_bytes_per_s = moved / state_s if state_s > 0 and moved else self.move_bytes_per_s
+            self.recorder.add(MOVE_EVENT, 0, wall, own, {"from": old.rollout.size, "to": target})
+        self.pending = PendingMove(parts, metrics, moved, world.build_seconds)
         self.prepare_moves(target)  # the moves from the new split, in the background
-        return {**metrics, **slowest, "rebalance/moved": 1.0, "rebalance/transition_seconds": seconds,
-                "placement/build_seconds": world.build_seconds}
 
     def _stop_in_background(self, rollout) -> float:
         """Shut a leaving engine down on a thread: vLLM's shutdown waits seconds for its processes to exit, which the

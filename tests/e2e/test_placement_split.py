@@ -110,12 +110,14 @@ def test_unbalanced_split_rebalances_and_logs_what_colocate_logs(tmp_path):
     assert first["rebalance/rollout_ranks"] in (1, 2)  # ranks left generation for training
     assert first["rebalance/predicted_gain_s"] > 0
     assert first["rebalance/predicted_total_gain_s"] > first["rebalance/predicted_cost_s"] > 0
-    assert first["rebalance/transition_seconds"] > 0 and first["rebalance/engine_start_seconds"] == 0.0
+    after = rows[first["step"] + 1]  # the move's cost is logged in the step it served
+    assert after["rebalance/transition_seconds"] > 0 and after["rebalance/engine_start_seconds"] == 0.0
     for role in ("actor", "reference"):  # one VPS move each, 1 train rank -> 2 or 3
-        assert first[f"reshard/{role}/rebalance/bytes_moved"] > 0 and first[f"reshard/{role}/rebalance/rounds"] >= 1
-    assert first["reshard/actor/rebalance/bytes_moved"] > 2 * first["reshard/reference/rebalance/bytes_moved"]  # AdamW
-    assert first["placement/wait_seconds"] <= 0.1 * first["placement/build_seconds"] + 0.01
-    after = rows[first["step"] + 1]
+        assert after[f"reshard/{role}/rebalance/bytes_moved"] > 0 and after[f"reshard/{role}/rebalance/rounds"] >= 1
+    assert after["reshard/actor/rebalance/bytes_moved"] > 2 * after["reshard/reference/rebalance/bytes_moved"]  # AdamW
+    assert after["placement/wait_seconds"] <= 0.1 * after["placement/build_seconds"] + 0.01
+    assert 0 < after["rebalance/lost_seconds"] <= after["rebalance/transition_seconds"]
+    assert after["rebalance/transition_share"] == pytest.approx(after["rebalance/lost_seconds"] / after["timing_s/step"])
     assert "rebalance/measured_gain_s" in after  # the step after a move measures its gain
     assert after["rebalance/rollout_ranks"] <= first["rebalance/rollout_ranks"]  # training-bound: never back to 3
 
