@@ -60,7 +60,7 @@ def summary(rows: list[dict]) -> dict:
                 "predicted_cost_s": r["rebalance/predicted_cost_s"],
                 "transition_s": served["rebalance/transition_seconds"],
                 "lost_s": served["rebalance/lost_seconds"],
-                "parts_s": {k: v for k, v in served.items() if k.startswith(("rebalance/", "reshard/"))
+                "parts_s": {k: v for k, v in served.items() if (k.startswith("rebalance/") or "/rebalance/" in k)
                             and k.endswith("seconds") and k not in ("rebalance/transition_seconds",
                                                                      "rebalance/lost_seconds")},
                 "served_step_s": served["timing_s/step"],

@@ -227,7 +227,7 @@ class SplitRebalance:
         reduced = torch.tensor(list(move.parts.values()), dtype=torch.float64)
         dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
         slowest = dict(zip(move.parts, reduced.tolist()))
-        rollout_s, train_s = slowest.pop(GENERATES_S), slowest.pop(TRAINS_S)
+        rollout_s, train_s = slowest[GENERATES_S], slowest[TRAINS_S]
         if self.cfg.placement.max_staleness == 0:  # the rollout set generated this step while the train set moved
             lost = max(rollout_s, train_s - metrics["timing_s/gen"])
         else:  # generation and training run side by side: a bound
