@@ -1,13 +1,14 @@
 """placement=split live, staleness 0: generation on the rollout set, training on the train set, disjoint ranks.
 
 Each rollout rank runs one tp=1 vLLM engine in its own process (rollout.subset_engine.SubsetVLLMRollout: an engine
-on a rank subset cannot join our world, ENVIRONMENT.md); the actor (and reference) live on an FSDP (dp, tp) mesh over
-the train set only. One step: the rollout set generates (global prompt indices seed the sampling, so the samples are
-those of any other placement), every rank receives the samples (one all_gather), the train set prepares and trains,
-and the trained weights cross to the rollout set by a VPS plan (transition.subset_sync.SubsetSync), logged as
-`reshard/actor/train_actor_to_generate/*`. Ranks with nothing to do in a phase wait in the next collective.
-With placement.rebalance=true the sets change size between steps (orchestrator/split_rebalance). Each rank records
-the phases it served and the transitions' rounds (transition_trace.json, timeline.png).
+on a rank subset cannot join our world, ENVIRONMENT.md); the actor (and reference, and PPO's critic) live on an FSDP
+(dp, tp) mesh over the train set only. One step: the rollout set generates (global prompt indices seed the sampling,
+so the samples are those of any other placement), every rank receives the samples (one all_gather), the train set
+prepares and trains (the actor, then the critic), and the trained weights cross to the rollout set by a VPS plan
+(transition.subset_sync.SubsetSync), logged as `reshard/actor/train_actor_to_generate/*`. Ranks with nothing to do
+in a phase wait in the next collective. With placement.rebalance=true the sets change size between steps
+(orchestrator/split_rebalance). Each rank records the phases it served and the transitions' rounds
+(transition_trace.json, timeline.png).
 """
 from __future__ import annotations
 
@@ -35,10 +36,11 @@ from ..transition.subset_sync import SubsetSync
 from ..transition.trace import TraceRecorder
 from .advantages import compute_advantages
 from .batch import gather_samples, pack, rank_rows
-from .objectives import actor_loss
+from .objectives import actor_loss, critic_loss
 from .phases import generate, reward_part_means, supervised_warmup
 from .placements import placement_of, split_placement
-from .setup import RankContext, build_actor, build_reference, build_task, model_source, seed_everything
+from .setup import (RankContext, build_actor, build_critic_engine, build_reference, build_task, model_source,
+                    seed_everything)
 from .step_metrics import rollout_metrics
 
 SYNC = f"reshard/{ACTOR}/{TRAIN_ACTOR}_to_{GENERATE}"  # the actor's weights, train set -> rollout set, every step
@@ -107,6 +109,7 @@ class SplitState:
     ref: TrainEngine | None
     rollout: SubsetVLLMRollout | None
     sync: SubsetSync
+    critic: TrainEngine | None = None  # PPO's, on the train set (re-balancing refuses PPO: it does not move it)
 
     def sync_weights(self, recorder: TraceRecorder | None = None):
         """Collective: the actor's weights, train set -> every engine of the rollout set."""
@@ -121,15 +124,17 @@ def start_engine(cfg: Config, model_dir: Path, rank: int) -> SubsetVLLMRollout:
 
 
 def train_step(cfg, step, samples, tokenizer, state: SplitState, kl_ctl, recorder=None) -> dict[str, float]:
-    """On the train set: prepare (log-probs, advantages) and train the actor on its rows of the step."""
+    """On the train set: prepare (log-probs, values, advantages) and train the actor, then the critic, on its rows of
+    the step, as colocate does."""
     from .loop import kl_metrics_and_update, train_on  # the loop imports this module
 
-    ranks, actor, ref = state.ranks, state.actor, state.ref
+    ranks, actor, ref, critic = state.ranks, state.actor, state.ref, state.critic
     alg, t1, wall = cfg.algorithm, time.perf_counter(), time.time()
     batch = rank_rows(pack(samples, tokenizer.pad_id), ranks.train_ctx.dp_rank, ranks.train_ctx.dp, alg.mini_batches)
-    metrics = compute_advantages(cfg, batch, samples, ranks.train_ctx, actor, ref, None, kl_ctl.value)
+    metrics = compute_advantages(cfg, batch, samples, ranks.train_ctx, actor, ref, critic, kl_ctl.value)
     t2 = time.perf_counter()
-    record_phase(recorder, "prepare", step, wall, t2 - t1, "actor, reference" if ref is not None else "actor")
+    roles = ["actor"] + (["reference"] if ref is not None else []) + (["critic"] if critic is not None else [])
+    record_phase(recorder, "prepare", step, wall, t2 - t1, ", ".join(roles))
     wall = time.time()
     trained = train_on(actor, batch, actor_loss(alg, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
                                                 kl_ctl.value), alg)
@@ -137,6 +142,13 @@ def train_step(cfg, step, samples, tokenizer, state: SplitState, kl_ctl, recorde
                    **{"timing_s/prepare": t2 - t1, "timing_s/train_actor": time.perf_counter() - t2})
     record_phase(recorder, "train_actor", step, wall, metrics["timing_s/train_actor"], "actor")
     metrics["timing_s/train"] = metrics["timing_s/train_actor"]
+    if critic is not None:
+        t3, wall = time.perf_counter(), time.time()
+        trained = train_on(critic, batch, critic_loss(alg, cfg.rollout.max_new_tokens), alg)
+        metrics.update({f"critic/{k}": v for k, v in trained.items() if k != "loss"},
+                       **{"timing_s/train_critic": time.perf_counter() - t3})
+        record_phase(recorder, "train_critic", step, wall, metrics["timing_s/train_critic"], "critic")
+        metrics["timing_s/train"] += metrics["timing_s/train_critic"]
     if ref is not None:
         metrics.update(kl_metrics_and_update(metrics, batch, actor, kl_ctl, len(samples)))
     return metrics
@@ -182,6 +194,8 @@ def run_split(cfg: Config, out_dir: Path, dist_info) -> None:
             sft = supervised_warmup(cfg, actor, task, tokenizer, ranks.train_ctx) if ranks.trains else {}
             warmup.update(ranks.from_trainer(sft))
         state.ref = build_reference(cfg, source, actor) if cfg.algorithm.kl_coef > 0 and ranks.trains else None
+        if cfg.algorithm.name == "ppo" and ranks.trains:  # after the reference, as colocate builds them
+            state.critic = build_critic_engine(cfg, source, actor)
         if rebalance is not None:  # [rebalance] plans and destination skeletons of every move, in the background
             rebalance.prepare_moves(ranks.rollout.size)
         rng, alg = random.Random(cfg.trainer.seed + 1), cfg.algorithm

@@ -111,8 +111,10 @@ def prepare(plan: RankPlan, direct_bytes: int = DIRECT_BYTES, budget_bytes: int 
     incoming = plan.copies + [t for s in plan.recvs.values() for t in s.transfers]
     src_needs = _needs([(t, t.src_buffer, t.src_offset, t.src_strides) for t in outgoing], with_dtype=False)
     dst_needs = _needs([(t, t.dst_buffer, t.dst_offset, t.dst_strides) for t in incoming], with_dtype=True)
-    load = received_by_rank if received_by_rank is not None else [0] * (max(plan.sends, default=0) + 1)
-    send_order = tuple(sorted(plan.sends, key=lambda peer: (-load[peer], peer)))
+    load = received_by_rank if received_by_rank is not None else [0] * (max([*plan.sends, plan.rank], default=0) + 1)
+    # ties from the next rank on: with equal loads every rank packs for a different peer first, so no receiver gets
+    # every sender's first message while another waits for all their last ones
+    send_order = tuple(sorted(plan.sends, key=lambda peer: (-load[peer], (peer - plan.rank) % len(load))))
     return PreparedPlan(plan, sends, recvs, first_tags(sends), first_tags(recvs), last_read, src_needs, dst_needs,
                         budget_bytes, send_order)
 

@@ -1,10 +1,10 @@
 """End to end: placement=lend on 4 gloo ranks (real app: Hydra, spawned ranks, vLLM rollout, FSDP2 training).
 
 A placement never changes results, only time: with the same seed, lend (actor on ranks 0-1 and critic on 2-3 for
-training, both moved there and back by VPS plans every step) logs the same losses and rewards as colocate (fp32,
-relative difference < 1e-5). The partial-credit task after an SFT warm-up makes rewards, losses and the critic's
-targets non-trivial, so a critic trained on other rows, a move that dropped AdamW state or a wrong shard of the
-batch would show. A rank that fails during a placement change stops the run cleanly."""
+training, both moved there and back by VPS plans every step) and split (generation on ranks 0-1, actor and critic on
+2-3) log the same losses and rewards as colocate (fp32, relative difference < 1e-5). The partial-credit task after
+an SFT warm-up makes rewards, losses and the critic's targets non-trivial, so a critic trained on other rows, a move
+that dropped AdamW state or a wrong shard of the batch would show. A rank that fails during a placement change stops the run cleanly."""
 from __future__ import annotations
 
 import math
@@ -57,7 +57,7 @@ def no_leftover_ranks(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_lend_logs_what_colocate_logs(tmp_path):
+def test_lend_and_split_log_what_colocate_logs(tmp_path):
     colocate = run_ok(tmp_path / "colocate", *PPO4)
     lend = run_ok(tmp_path / "lend", *PPO4, "placement=lend")
     trained = [r for r in colocate if r["step"] > 0]
@@ -72,6 +72,11 @@ def test_lend_logs_what_colocate_logs(tmp_path):
     assert first["placement/wait_seconds"] <= 0.1 * first["placement/build_seconds"], "the groups were not built ahead"
     assert not any(k.startswith("reshard/actor/") for r in colocate for k in r), "colocate moved a role"
     assert (tmp_path / "lend" / "timeline.png").stat().st_size > 0
+
+    # PPO under split: generation on ranks 0-1, actor and critic (and the reference) train on ranks 2-3
+    split = run_ok(tmp_path / "split", *PPO4, "placement=split", "placement.max_staleness=0")
+    assert_same_metrics(colocate, split)
+    assert all(row["timing_s/train_critic"] > 0 and "critic/vf_loss" in row for row in split[1:])
 
 
 def _alive_with(text: str) -> list[int]:
