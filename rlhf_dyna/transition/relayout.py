@@ -60,19 +60,6 @@ class LayoutSwitch:
         return TrainLayout(self.dp, self.tp, self.zero, pp=self.pp, pp_schedule=self.pp_schedule, ep=self.ep)
 
 
-def validate_schedule(schedule: Sequence[LayoutSwitch], world_size: int) -> None:
-    """Refuse a schedule whose steps are not increasing or whose layouts do not fill the world."""
-    steps = [s.step for s in schedule]
-    if steps != sorted(set(steps)):
-        raise ValueError(f"layout switch steps {steps} must be strictly increasing")
-    for switch in schedule:
-        if switch.dp * switch.tp * switch.pp != world_size:
-            raise ValueError(f"layout switch at step {switch.step}: dp={switch.dp} x tp={switch.tp} x pp={switch.pp} "
-                             f"!= world size {world_size}")
-        if switch.zero not in (1, 2, 3):
-            raise ValueError(f"layout switch at step {switch.step}: zero={switch.zero}; valid: 1, 2, 3")
-
-
 def switch_at(schedule: Sequence[LayoutSwitch], step: int) -> TrainLayout | None:
     """The layout to switch to before `step` trains, or None when the schedule has no switch at `step`."""
     return next((s.layout for s in schedule if s.step == step), None)

@@ -113,7 +113,7 @@ class Plan:
 
     @property
     def local_bytes(self) -> int:
-        return int(sum(c.vol[c.copy_region].sum() * c.weight for c in self.classes))
+        return int(self.local_bytes_by_rank().sum())
 
     @property
     def state_bytes(self) -> int:
