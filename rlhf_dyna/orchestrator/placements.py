@@ -129,15 +129,12 @@ def placement_transitions(cfg: Config) -> list:
 
 def check_split_live(cfg: Config, rollout: RankSet) -> None:
     """What the live split loop (orchestrator/split_run) does not do yet, refused before spawn."""
-    t, p = cfg.trainer, cfg.placement
+    p = cfg.placement
     unsupported = [(cfg.rollout.tp != 1, f"rollout.tp={cfg.rollout.tp} (each rollout rank runs one tp=1 engine; use 1)"),
                    (cfg.algorithm.name == "ppo" and p.rebalance,
                     "algorithm=ppo with placement.rebalance=true (re-balancing moves the actor and the reference, not "
                     "the critic yet; use placement.rebalance=false or algorithm=grpo)"),
-                   (cfg.parallel.train.pp > 1, f"parallel.train.pp={cfg.parallel.train.pp} (use 1)"),
-                   (bool(t.resume), "trainer.resume (split runs start fresh)"),
-                   (t.save_every > 0 or t.save_last, "checkpoints (set trainer.save_every=0 trainer.save_last=false)"),
-                   (t.export_policy, "policy export (set trainer.export_policy=false)")]
+                   (cfg.parallel.train.pp > 1, f"parallel.train.pp={cfg.parallel.train.pp} (use 1)")]
     wrong = [what for bad, what in unsupported if bad]
     if wrong:
         raise ConfigError(

@@ -51,6 +51,8 @@ def save_run(run_dir: Path, step: int, engines: dict[str, TrainEngine | None], l
         tmp.mkdir(parents=True)
     dist.barrier()
     live = {role: e for role, e in engines.items() if e is not None}
+    held: list = [None] * world
+    dist.all_gather_object(held, sorted(live))  # under placement=split only the train set holds engines
     save_engines(live, tmp)
     torch.save({"torch": torch.get_rng_state()}, tmp / _rng_file(rank))
     if rank == 0:
@@ -59,7 +61,8 @@ def save_run(run_dir: Path, step: int, engines: dict[str, TrainEngine | None], l
     dist.barrier()  # every rank's files are on disk before the marker says so
     if rank == 0:
         files = [".metadata", TRAINER_STATE, *(_rng_file(r) for r in range(world))]
-        marker = {"step": step, "world_size": world, "layout": layout, "engines": sorted(live), "files": files}
+        marker = {"step": step, "world_size": world, "layout": layout, "engines": sorted(set().union(*held)),
+                  "files": files}
         (tmp / MARKER).write_text(json.dumps(marker, indent=2))
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)
@@ -107,20 +110,22 @@ def resumed_switch(schedule, start: int):
 POLICY_DIR = "policy"
 
 
-def export_policy(trainer, actor: TrainEngine, model_dir: Path, run_dir: Path) -> Path:
-    """Collective: the actor's full tensors one by one, written by rank 0 into <run dir>/policy/ (HF dir)."""
+def export_policy(trainer, actor: TrainEngine | None, model_dir: Path, run_dir: Path, writer: int = 0) -> Path:
+    """Collective: the actor's full tensors one by one, written by rank `writer` into <run dir>/policy/ (HF dir).
+    Ranks without the actor (split's rollout set) only wait for it."""
     from ..models.export import export_hf_dir
     from ..train.engine import full_state_dict
 
-    tied = bool(getattr(actor.model.config, "tie_word_embeddings", False))
-    out = export_hf_dir(full_state_dict(actor), model_dir, run_dir / POLICY_DIR, trainer.export_max_shard_bytes,
-                        tied_embeddings=tied, write=dist.get_rank() == 0)
+    if actor is not None:
+        tied = bool(getattr(actor.model.config, "tie_word_embeddings", False))
+        export_hf_dir(full_state_dict(actor), model_dir, run_dir / POLICY_DIR, trainer.export_max_shard_bytes,
+                      tied_embeddings=tied, write=dist.get_rank() == writer)
     dist.barrier()  # nobody reads policy/ before it is renamed into place
-    return out
+    return run_dir / POLICY_DIR
 
 
 def checkpoint_and_export(cfg, run_dir: Path, step: int, engines: dict, loop_rng: random.Random, task, layout: dict,
-                          model_dir: Path, kl_coef: float | None = None) -> None:
+                          model_dir: Path, kl_coef: float | None = None, export_writer: int = 0) -> None:
     """The loop's hook after each logged step: a checkpoint when due, and the policy export with it."""
     trainer = cfg.trainer
     if not save_due(trainer, step):
@@ -129,7 +134,7 @@ def checkpoint_and_export(cfg, run_dir: Path, step: int, engines: dict, loop_rng
     path = save_run(run_dir, step, engines, loop_rng, task, layout, trainer.keep_checkpoints, kl_coef)
     t1 = time.perf_counter()
     if trainer.export_policy:
-        export_policy(trainer, engines["actor"], model_dir, run_dir)
+        export_policy(trainer, engines["actor"], model_dir, run_dir, writer=export_writer)
     if dist.get_rank() == 0:
         size = sum(f.stat().st_size for f in path.iterdir()) / 2**20
         exported = f", policy {run_dir / POLICY_DIR} in {time.perf_counter() - t1:.2f} s" if trainer.export_policy else ""

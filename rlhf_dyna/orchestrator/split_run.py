@@ -39,6 +39,7 @@ from .batch import gather_samples, pack, rank_rows
 from .objectives import actor_loss, critic_loss
 from .phases import generate, reward_part_means, supervised_warmup
 from .placements import placement_of, split_placement
+from .resume import checkpoint_and_export, export_policy, restore_run, save_due
 from .setup import (RankContext, build_actor, build_critic_engine, build_reference, build_task, model_source,
                     seed_everything)
 from .step_metrics import rollout_metrics
@@ -110,6 +111,15 @@ class SplitState:
     rollout: SubsetVLLMRollout | None
     sync: SubsetSync
     critic: TrainEngine | None = None  # PPO's, on the train set (re-balancing refuses PPO: it does not move it)
+
+    def engines(self) -> dict[str, TrainEngine | None]:
+        """This rank's engines by checkpoint role (None off the train set)."""
+        return {"actor": self.actor, "critic": self.critic, "reference": self.ref}
+
+    def layout(self, cfg: Config) -> dict:
+        """The layout a checkpoint records (for its message on resume; DCP reshards on load whatever it was)."""
+        return {"placement": "split", "rollout_ranks": self.ranks.rollout.size, "train_dp": self.ranks.train_ctx.dp,
+                "tp": self.ranks.train_ctx.tp}
 
     def sync_weights(self, recorder: TraceRecorder | None = None):
         """Collective: the actor's weights, train set -> every engine of the rollout set."""
@@ -187,9 +197,10 @@ def run_split(cfg: Config, out_dir: Path, dist_info) -> None:
     if ranks.rank == 0:
         run_config = OmegaConf.to_container(OmegaConf.structured(cfg))
         tracker = Tracker(out_dir, asdict(cfg.tracking), cfg.tracking.console, cfg.trainer.total_steps, run_config)
+    resume_from = Path(cfg.trainer.resume) if cfg.trainer.resume else None  # [ckpt] resolved before spawn (job.py)
     try:
         warmup = {}
-        if cfg.trainer.sft_warmup_steps > 0:
+        if cfg.trainer.sft_warmup_steps > 0 and resume_from is None:
             warmup = split_evaluate(cfg, state.rollout, task, tokenizer, ranks, prefix="pre_warmup")
             sft = supervised_warmup(cfg, actor, task, tokenizer, ranks.train_ctx) if ranks.trains else {}
             warmup.update(ranks.from_trainer(sft))
@@ -200,13 +211,21 @@ def run_split(cfg: Config, out_dir: Path, dist_info) -> None:
             rebalance.prepare_moves(ranks.rollout.size)
         rng, alg = random.Random(cfg.trainer.seed + 1), cfg.algorithm
         kl_ctl = make_kl_controller(alg.kl_ctrl, alg.kl_coef, alg.kl_target, alg.kl_horizon)
-        state.sync_weights()  # the engines generate with the warmed-up weights
-        evaluated = split_evaluate(cfg, state.rollout, task, tokenizer, ranks)
-        if tracker:
-            tracker.log(0, {**warmup, **evaluated})
+        start = 0
+        if resume_from is not None:  # [ckpt] DCP reshards the train set's engines; rollout ranks load nothing
+            restored = restore_run(resume_from, state.engines(), task)
+            start, rng = restored.step, restored.loop_rng
+            if restored.kl_coef is not None:
+                kl_ctl.value = restored.kl_coef
+        state.sync_weights()  # the engines generate with the warmed-up (or resumed) weights
+        if start == 0:
+            evaluated = split_evaluate(cfg, state.rollout, task, tokenizer, ranks)
+            if tracker:
+                tracker.log(0, {**warmup, **evaluated})
         stale = cfg.placement.max_staleness
-        ahead = step_samples(cfg, 1, rng, task, tokenizer, state, recorder) if stale else None  # one step ahead
-        for step in range(1, cfg.trainer.total_steps + 1):
+        # one step ahead; after a resume the first step's samples come from the resumed weights (on-policy)
+        ahead = step_samples(cfg, start + 1, rng, task, tokenizer, state, recorder) if stale else None
+        for step in range(start + 1, cfg.trainer.total_steps + 1):
             metrics = split_step(cfg, step, rng, task, tokenizer, state, kl_ctl, ahead if stale else None, recorder)
             ahead = metrics.pop("_ahead", None)
             if rebalance is not None:  # [rebalance] between steps: maybe move devices between the sets
@@ -215,6 +234,12 @@ def run_split(cfg: Config, out_dir: Path, dist_info) -> None:
                 metrics.update(split_evaluate(cfg, state.rollout, task, tokenizer, state.ranks))
             if tracker:
                 tracker.log(step, metrics)
+            if save_due(cfg.trainer, step):  # [ckpt] the KL coefficient lives on the train set
+                kl_ctl.value = state.ranks.from_trainer(kl_ctl.value)
+            checkpoint_and_export(cfg, out_dir, step, state.engines(), rng, task, state.layout(cfg), model_dir,
+                                  kl_coef=kl_ctl.value, export_writer=state.ranks.train.first)
+        if cfg.trainer.export_policy and not save_due(cfg.trainer, cfg.trainer.total_steps):  # [ckpt] at the end
+            export_policy(cfg.trainer, state.actor, model_dir, out_dir, writer=state.ranks.train.first)
         if recorder is not None:  # collective, so not in `finally`: after one rank fails the others would wait forever
             title = f"{cfg.recipe}: placement=split" + (", rebalance" if cfg.placement.rebalance else "")
             write_run_trace(recorder, out_dir, title=f"{title}: phases and transitions")

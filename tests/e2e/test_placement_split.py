@@ -4,7 +4,9 @@ their own processes on ranks 0-1, FSDP2 training of the actor and its reference 
 A placement never changes results, only time: with the same seed, split logs the same losses, rewards and eval
 accuracy as colocate (fp32, relative difference < 1e-5). The samples agree because sampling seeds are global prompt
 indices; the weights the rollout set generates with arrive by a VPS plan every step, so a stale or wrong sync would
-change the rewards of the next step. No engine process outlives the run and no weight file stays in /dev/shm.
+change the rewards of the next step. No engine process outlives the run and no weight file stays in /dev/shm. The
+split run saves a checkpoint after step 2 (the train set's engines, by DCP) and exports the policy; a split run
+resumed from that checkpoint logs the uninterrupted run's step 3.
 
 placement.rebalance=true starts a run deliberately unbalanced (3 rollout ranks, 1 train rank, which trains every row
 of the step) and the manager moves ranks from generation to training after a measured step (3+1 -> 2+2 or 1+3: ranks
@@ -72,7 +74,7 @@ def kill_marked(run_dir: Path) -> None:
 @pytest.fixture(autouse=True)
 def no_leftover_processes(tmp_path):
     yield
-    for name in ("colocate", "split", "rebalance"):
+    for name in ("colocate", "split", "resumed", "rebalance"):
         kill_marked(tmp_path / name)
 
 
@@ -80,7 +82,8 @@ def no_leftover_processes(tmp_path):
 def test_split_staleness_0_logs_what_colocate_logs(tmp_path):
     colocate = run(tmp_path / "colocate", *GRPO4)
     before = weight_files()
-    split = run(tmp_path / "split", *GRPO4, "placement=split", "placement.max_staleness=0")
+    saving = ["trainer.save_every=2", "trainer.export_policy=true"]  # a checkpoint and an export after step 2
+    split = run(tmp_path / "split", *GRPO4, *saving, "placement=split", "placement.max_staleness=0")
     assert with_mark(str(tmp_path / "split")) == [], "engine or rank processes outlived the split run"
     assert weight_files() - before == set(), "the split run left its weight files in /dev/shm"
     trained = [r for r in colocate if r["step"] > 0]
@@ -93,6 +96,15 @@ def test_split_staleness_0_logs_what_colocate_logs(tmp_path):
     assert not any(k.startswith(SYNC) for r in colocate for k in r), "colocate logged a split transition"
     assert not any(k.startswith("rebalance/") for r in split for k in r), "a split run without rebalance moved"
     assert (tmp_path / "split" / "transition_trace.json").is_file() and (tmp_path / "split" / "timeline.png").is_file()
+
+    # resumed from the train set's checkpoint of step 2, step 3 is the uninterrupted run's step 3
+    step_2 = tmp_path / "split" / "checkpoints" / "step_2"
+    resumed = run(tmp_path / "resumed", *GRPO4, "placement=split", "placement.max_staleness=0",
+                  f"trainer.resume={step_2}")
+    assert [r["step"] for r in resumed] == [3]
+    assert_same_metrics([split[-1]], resumed)
+    policy = tmp_path / "split" / "policy"  # exported at the end by the train set's first rank
+    assert (policy / "config.json").is_file() and list(policy.glob("*.safetensors"))
 
 
 @pytest.mark.timeout(900)
@@ -139,10 +151,10 @@ def test_unbalanced_split_rebalances_and_logs_what_colocate_logs(tmp_path):
 
 def test_split_refuses_what_it_does_not_run_before_spawn(tmp_path):
     cmd = [sys.executable, "-m", "rlhf_dyna", *GRPO4, "placement=split", "placement.max_staleness=0",
-           "trainer.save_last=true", f"hydra.run.dir={tmp_path}"]
+           "rollout.tp=2", f"hydra.run.dir={tmp_path}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
-    assert "placement=split" in proc.stderr and "trainer.save_last=false" in proc.stderr, proc.stderr[-2000:]
+    assert "placement=split" in proc.stderr and "rollout.tp=2" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "metrics.jsonl").exists()
 
 

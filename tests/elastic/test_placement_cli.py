@@ -7,12 +7,11 @@ import sys
 import pytest
 
 CASES = [
-    (["placement=split"], "but not with: checkpoints (set trainer.save_every=0 trainer.save_last=false)"),
-    (["placement=split", "parallel.world_size=4", "rollout.tp=2", "trainer.save_last=false", "trainer.export_policy=false"],
+    (["placement=split", "parallel.world_size=4", "parallel.train.pp=2"], "but not with: parallel.train.pp=2 (use 1)"),
+    (["placement=split", "parallel.world_size=4", "rollout.tp=2"],
      "rollout.tp=2 (each rollout rank runs one tp=1 engine; use 1)"),
     (["recipe=ppo_tiny", "placement=split", "placement.rebalance=true", "parallel.world_size=4",
-      "task.prompts_per_step=12", "rollout.n=4", "algorithm.mini_batches=2", "trainer.save_last=false",
-      "trainer.export_policy=false"], "algorithm=ppo with placement.rebalance=true"),
+      "task.prompts_per_step=12", "rollout.n=4", "algorithm.mini_batches=2"], "algorithm=ppo with placement.rebalance=true"),
     (["recipe=ppo_tiny", "placement=lend", "parallel.schedule=[{step: 2, dp: 1, tp: 2}]"],
      "does not change the training layout as well"),
     (["recipe=ppo_tiny", "placement=lend", "parallel.world_size=4", "parallel.train.pp=2"],
@@ -32,7 +31,7 @@ CASES = [
     (["placement=split", "placement.rebalance=true", "+placement.roles.rollout=[0,2]", "dry_run=true"],
      "re-balancing chooses the sets itself"),
     (["placement=split", "parallel.world_size=4", "placement.rollout_ranks=1", "task.prompts_per_step=8", "rollout.n=4",
-      "algorithm.mini_batches=2", "trainer.save_last=false", "trainer.export_policy=false"],
+      "algorithm.mini_batches=2"],
      "cannot run a step: 32 rows do not split into algorithm.mini_batches=2 x dp=3. Splits that can: 2+2"),
 ]
 
