@@ -16,6 +16,8 @@ RESOLVED_CONFIG = "config_resolved.yaml"
 # vLLM logs every engine detail at INFO; wandb advertises its products: keep the per-step lines readable.
 QUIET_ENV = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
              "WANDB_SILENT": os.environ.get("WANDB_SILENT", "true")}
+# imported once by the launcher, which then forks the ranks: ranks importing them at once on shared cores take longer
+RANK_PRELOAD = ("rlhf_dyna.orchestrator.loop", "rlhf_dyna.orchestrator.split_run", "vllm.entrypoints.llm")
 
 
 def to_config(dcfg: DictConfig) -> Config:
@@ -55,4 +57,5 @@ def run_job(dcfg: DictConfig) -> int:
         run_rank(cfg, out_dir)
         return 0
     print(f"rlhf_dyna: recipe {cfg.recipe}, {cfg.parallel.world_size} local ranks, output in {out_dir}", flush=True)
-    return launch.spawn_ranks(cfg.parallel.world_size, "rlhf_dyna.worker", [str(out_dir)], run_dir=out_dir, env=QUIET_ENV)
+    return launch.spawn_ranks(cfg.parallel.world_size, "rlhf_dyna.worker", [str(out_dir)], run_dir=out_dir, env=QUIET_ENV,
+                              preload=RANK_PRELOAD)

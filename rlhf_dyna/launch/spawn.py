@@ -13,8 +13,10 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from collections.abc import Sequence
 from typing import IO
 
+from .fork import ForkedRank, fork_rank, preload as preload_modules
 from .host import check_capacity, free_port, local_device_kind, new_run_ident, usable_cores
 from .shm import SHM_DIR, clean_shm_segments
 
@@ -66,7 +68,10 @@ def _signal_groups(pgids: set[int], sig: int) -> None:
             pass
 
 
-def _stop_groups(procs: list[subprocess.Popen[bytes]], grace_s: float) -> None:
+Rank = subprocess.Popen | ForkedRank
+
+
+def _stop_groups(procs: list[Rank], grace_s: float) -> None:
     """SIGTERM every rank's process group, SIGKILL what is left after `grace_s`, reap the ranks."""
     pgids = {p.pid for p in procs}
     _signal_groups(pgids, signal.SIGTERM)
@@ -106,7 +111,7 @@ def _pump(stream: IO[bytes], log_path: Path, echo: bool) -> None:
                 sys.stdout.flush()
 
 
-def _report_exit(rank: int, proc: subprocess.Popen[bytes], exits: queue.Queue[int]) -> None:
+def _report_exit(rank: int, proc: Rank, exits: queue.Queue[int]) -> None:
     proc.wait()
     exits.put(rank)
 
@@ -127,17 +132,23 @@ def spawn_ranks(
     run_dir: Path,
     env: dict[str, str] | None = None,
     grace_s: float = TERMINATE_GRACE_S,
+    preload: Sequence[str] = (),
 ) -> int:
     """Run `python -m entry *args` (or `python entry *args` for a .py path) as `world_size` local
     ranks and supervise them; returns the exit code for the launcher (0, the failing rank's
     code, or 130/143 after SIGINT/SIGTERM). Each rank's output goes to run_dir/rank{r}.log;
-    rank 0's is also echoed to stdout."""
+    rank 0's is also echoed to stdout. With `preload` (module names; `entry` must be a module), this process
+    imports those modules once and forks the ranks from itself (launch/fork.py) instead of starting interpreters."""
     check_capacity(world_size, local_device_kind())
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     run_ident = new_run_ident()
     port = free_port()
     command = [sys.executable, entry] if entry.endswith(".py") else [sys.executable, "-m", entry]
+    if preload:
+        if entry.endswith(".py"):
+            raise ValueError(f"spawn_ranks: preload forks the ranks and runs a module; got the script {entry}")
+        preload_modules(preload, _rank_env(0, world_size, port, run_ident, env))
 
     stop_signal: list[int] = []
     previous_handlers = {}
@@ -145,17 +156,21 @@ def spawn_ranks(
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous_handlers[sig] = signal.signal(sig, lambda signum, frame: stop_signal.append(signum))
 
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Rank] = []
     pumps: list[threading.Thread] = []
     exits: queue.Queue[int] = queue.Queue()  # ranks in the order they exited: the first failure is the cause
     try:
-        for rank in range(world_size):
-            proc = subprocess.Popen(
-                [*command, *args], env=_rank_env(rank, world_size, port, run_ident, env),
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True,  # own process group: killpg reaches vLLM's and torch's children
-            )
-            procs.append(proc)
+        for rank in range(world_size):  # every rank starts before any thread of ours does: forking stays safe
+            rank_env = _rank_env(rank, world_size, port, run_ident, env)
+            if preload:
+                procs.append(fork_rank(entry, args, rank_env, close_fds=[p.stdout.fileno() for p in procs]))
+            else:
+                procs.append(subprocess.Popen(
+                    [*command, *args], env=rank_env,
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    start_new_session=True,  # own process group: killpg reaches vLLM's and torch's children
+                ))
+        for rank, proc in enumerate(procs):
             pump = threading.Thread(target=_pump, args=(proc.stdout, run_dir / f"rank{rank}.log", rank == 0), daemon=True)
             pump.start()
             pumps.append(pump)

@@ -28,6 +28,10 @@ from rlhf_dyna.launch import (
 WORKERS = str(Path(__file__).with_name("workers.py"))
 REPO_ROOT = Path(__file__).parents[2]
 CRASH_TEXT = "rank one blew up on purpose (launch test)"  # as in workers.py, which tests must not import
+WORKERS_MODULE = "tests.launch.workers"
+# each supervision test runs with ranks started as interpreters (a script entry) and forked from a launcher that
+# imported torch first (launch/fork.py, what `python -m rlhf_dyna` does)
+START = pytest.mark.parametrize("entry, preload", [(WORKERS, ()), (WORKERS_MODULE, ("torch",))], ids=["exec", "fork"])
 
 
 def _results(out_dir: Path, world_size: int) -> list[dict]:
@@ -55,11 +59,13 @@ def _assert_no_traces(out_dir: Path) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("world_size, entry", [(2, "tests.launch.workers"), (3, WORKERS)])
-def test_spawned_ranks_all_reduce(tmp_path: Path, world_size: int, entry: str) -> None:
-    """A module entry (with the ranks' extra env) and a script path entry."""
+@pytest.mark.parametrize("world_size, entry, preload", [(2, WORKERS_MODULE, ()), (3, WORKERS, ()),
+                                                         (3, WORKERS_MODULE, ("torch",))])
+def test_spawned_ranks_all_reduce(tmp_path: Path, world_size: int, entry: str, preload: tuple[str, ...]) -> None:
+    """A module entry (with the ranks' extra env), a script path entry, and forked ranks."""
     env = {"PYTHONPATH": str(REPO_ROOT)}
-    assert spawn_ranks(world_size, entry, ["all_reduce", str(tmp_path)], tmp_path / "run", env=env) == 0
+    assert spawn_ranks(world_size, entry, ["all_reduce", str(tmp_path)], tmp_path / "run", env=env,
+                       preload=preload) == 0
     results = _results(tmp_path, world_size)
     assert [r["sum"] for r in results] == [world_size * (world_size + 1) / 2] * world_size
     assert [(r["rank"], r["local_rank"], r["node_rank"]) for r in results] == [(r, r, 0) for r in range(world_size)]
@@ -67,15 +73,19 @@ def test_spawned_ranks_all_reduce(tmp_path: Path, world_size: int, entry: str) -
     assert {r["local_world_size"] for r in results} == {world_size}
     assert {r["backend"] for r in results} == {"gloo"}
     assert len({r["run_ident"] for r in results}) == 1
-    assert {r["omp"] for r in results} == {os.environ.get("OMP_NUM_THREADS", str(max(1, usable_cores() // world_size)))}
+    omp = os.environ.get("OMP_NUM_THREADS", str(max(1, usable_cores() // world_size)))
+    assert {r["omp"] for r in results} == {omp} and {r["torch_threads"] for r in results} == {int(omp)}
+    assert {r["pythonpath"] for r in results} == {str(REPO_ROOT)}
     assert all(r["under_torchrun"] for r in results)  # a spawned rank must not spawn again
     assert all((tmp_path / "run" / f"rank{r}.log").exists() for r in range(world_size))
     assert run_segments(results[0]["run_ident"]) == []
 
 
 @pytest.mark.timeout(60)
-def test_crashing_rank_stops_all_and_cleans_up(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    code = spawn_ranks(2, WORKERS, ["crash", str(tmp_path)], tmp_path / "run", grace_s=3.0)
+@START
+def test_crashing_rank_stops_all_and_cleans_up(tmp_path: Path, capfd: pytest.CaptureFixture[str], entry: str,
+                                               preload: tuple[str, ...]) -> None:
+    code = spawn_ranks(2, entry, ["crash", str(tmp_path)], tmp_path / "run", grace_s=3.0, preload=preload)
     stop_s = time.time() - float((tmp_path / "crash_time").read_text())
     err = capfd.readouterr().err
     assert code == 1
@@ -85,13 +95,16 @@ def test_crashing_rank_stops_all_and_cleans_up(tmp_path: Path, capfd: pytest.Cap
 
 
 @pytest.mark.timeout(60)
+@START
 @pytest.mark.parametrize("sig, expected", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_to_launcher_stops_all(tmp_path: Path, sig: signal.Signals, expected: int) -> None:
+def test_signal_to_launcher_stops_all(tmp_path: Path, sig: signal.Signals, expected: int, entry: str,
+                                      preload: tuple[str, ...]) -> None:
     launcher = subprocess.Popen(
         [sys.executable, "-c",
          "import sys; from pathlib import Path; from rlhf_dyna.launch import spawn_ranks; "
-         f"sys.exit(spawn_ranks(2, {WORKERS!r}, ['hang', {str(tmp_path)!r}], Path({str(tmp_path / 'run')!r})))"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+         f"sys.exit(spawn_ranks(2, {entry!r}, ['hang', {str(tmp_path)!r}], Path({str(tmp_path / 'run')!r}), "
+         f"preload={preload!r}))"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
     )
     deadline = time.monotonic() + 40
     while not all((tmp_path / f"ready{r}").exists() for r in range(2)):
@@ -192,6 +205,21 @@ def test_spawn_refuses_before_spawning(tmp_path: Path) -> None:
         spawn_ranks(RANKS_PER_CORE_LIMIT * usable_cores() + 1, WORKERS, ["all_reduce", str(tmp_path)], tmp_path / "run")
     assert time.monotonic() - start < 2
     assert not (tmp_path / "run").exists()
+
+
+def test_fork_refuses_a_script_entry(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="runs a module"):
+        spawn_ranks(2, WORKERS, ["all_reduce", str(tmp_path)], tmp_path / "run", preload=("torch",))
+
+
+@pytest.mark.timeout(60)
+def test_forked_rank_exit_codes_and_output(tmp_path: Path) -> None:
+    """sys.exit(3) is code 3, sys.exit("text") prints text and is 1, a kill by signal is 128 + N; output arrives."""
+    assert spawn_ranks(1, WORKERS_MODULE, ["exit_3", str(tmp_path)], tmp_path / "a", preload=("torch",)) == 3
+    assert spawn_ranks(1, WORKERS_MODULE, ["exit_text", str(tmp_path)], tmp_path / "b", preload=("torch",)) == 1
+    assert "stopping with a message" in (tmp_path / "b" / "rank0.log").read_text()
+    assert spawn_ranks(1, WORKERS_MODULE, ["kill_self", str(tmp_path)], tmp_path / "c", preload=("torch",)) == 128 + 9
+    assert "printed before the kill" in (tmp_path / "c" / "rank0.log").read_text()
 
 
 def test_init_distributed_outside_a_launch_says_how(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,6 +26,7 @@ def all_reduce(out_dir: Path) -> None:
         sum=total.item(), rank=info.rank, world_size=info.world_size, local_rank=info.local_rank,
         local_world_size=info.local_world_size, node_rank=info.node_rank, backend=info.backend,
         run_ident=info.run_ident, omp=os.environ.get("OMP_NUM_THREADS"), under_torchrun=under_torchrun(),
+        torch_threads=torch.get_num_threads(), pythonpath=os.environ.get("PYTHONPATH"),
     )))
     shutdown_distributed()
 
@@ -62,6 +63,21 @@ def hang(out_dir: Path) -> None:
     time.sleep(300)
 
 
+def exit_3(out_dir: Path) -> None:
+    sys.exit(3)
+
+
+def exit_text(out_dir: Path) -> None:
+    sys.exit("stopping with a message")
+
+
+def kill_self(out_dir: Path) -> None:
+    print("printed before the kill", flush=True)
+    os.kill(os.getpid(), 9)
+
+
 if __name__ == "__main__":
     mode, out = sys.argv[1:]
-    {"all_reduce": all_reduce, "crash": crash, "hang": hang}[mode](Path(out))
+    modes = {"all_reduce": all_reduce, "crash": crash, "hang": hang, "exit_3": exit_3, "exit_text": exit_text,
+             "kill_self": kill_self}
+    modes[mode](Path(out))

@@ -1,0 +1,118 @@
+"""Ranks forked from a launcher that has already imported the heavy modules.
+
+Every spawned rank used to import torch, transformers and vLLM itself; on a few shared cores, four ranks importing at
+once take twice as long as one import. A launcher that imports them once and forks the ranks shares that work, as
+torch's DataLoader workers and vLLM's own workers do. Forking is safe here because the launcher has started no thread
+and initialised no device when it forks (CUDA is never touched by an import)."""
+from __future__ import annotations
+
+import atexit
+import importlib
+import logging
+import os
+import runpy
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Sequence
+from typing import IO
+
+_REAP_POLL_S = 0.05
+
+
+def preload(modules: Sequence[str], env: dict[str, str]) -> None:
+    """Import `modules` into this process under the ranks' environment `env` (modules that read a variable when they
+    load, as vLLM's logging does, see the ranks' value), so that ranks forked from it start with them loaded."""
+    saved = dict(os.environ)
+    try:
+        os.environ.update(env)
+        for name in modules:
+            importlib.import_module(name)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+class ForkedRank:
+    """The part of `subprocess.Popen` the launcher uses, for a rank forked by `fork_rank`."""
+
+    def __init__(self, pid: int, stdout: IO[bytes]):
+        self.pid = pid
+        self.stdout = stdout
+        self.returncode: int | None = None
+        self._lock = threading.Lock()  # poll() and wait() run on different threads; only one may reap
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid == self.pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)  # -N after signal N, as Popen
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            threading.Event().wait(_REAP_POLL_S)
+        return self.returncode  # type: ignore[return-value]
+
+
+def _exit_code(err: SystemExit) -> int:
+    if err.code is None:
+        return 0
+    if isinstance(err.code, int):
+        return err.code
+    print(err.code, file=sys.stderr)  # sys.exit("message") prints the message and exits 1, as the interpreter does
+    return 1
+
+
+def _run_rank(entry: str, args: list[str], env: dict[str, str], output_fd: int, close_fds: Sequence[int]) -> None:
+    """In the child: a fresh session, the rank's env and output, then `python -m entry *args`. Never returns."""
+    code = 1
+    try:
+        os.setsid()  # own process group: the launcher's killpg reaches this rank's children too
+        for fd in close_fds:
+            os.close(fd)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(output_fd, 1)
+        os.dup2(output_fd, 2)
+        os.close(output_fd)
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)  # the launcher's handlers record a stop; a rank just stops
+        atexit._clear()  # the launcher's exit hooks are not the rank's
+        for handler in list(logging.root.handlers):  # nor its log handlers (Hydra's file and console)
+            logging.root.removeHandler(handler)
+        os.environ.clear()
+        os.environ.update(env)
+        if "torch" in sys.modules and "OMP_NUM_THREADS" in env:  # OpenMP read the launcher's value when it loaded
+            sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
+        sys.argv = [entry, *args]
+        runpy.run_module(entry, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as err:
+        code = _exit_code(err)
+    except BaseException:  # noqa: BLE001 -- a rank reports every failure as the interpreter would, then exits 1
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def fork_rank(entry: str, args: list[str], env: dict[str, str], close_fds: Sequence[int] = ()) -> ForkedRank:
+    """Fork a rank that runs module `entry` with `args` and the environment `env`; its stdout and stderr come back
+    through one pipe (the `stdout` of the result). `close_fds`: the parent's descriptors the child must not keep
+    (earlier ranks' pipes)."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        _run_rank(entry, args, env, write_fd, close_fds)
+    os.close(write_fd)
+    return ForkedRank(pid, os.fdopen(read_fd, "rb"))
