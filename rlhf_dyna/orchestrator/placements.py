@@ -131,9 +131,6 @@ def check_split_live(cfg: Config, rollout: RankSet) -> None:
     """What the live split loop (orchestrator/split_run) does not do yet, refused before spawn."""
     p = cfg.placement
     unsupported = [(cfg.rollout.tp != 1, f"rollout.tp={cfg.rollout.tp} (each rollout rank runs one tp=1 engine; use 1)"),
-                   (cfg.algorithm.name == "ppo" and p.rebalance,
-                    "algorithm=ppo with placement.rebalance=true (re-balancing moves the actor and the reference, not "
-                    "the critic yet; use placement.rebalance=false or algorithm=grpo)"),
                    (cfg.parallel.train.pp > 1, f"parallel.train.pp={cfg.parallel.train.pp} (use 1)")]
     wrong = [what for bad, what in unsupported if bad]
     if wrong:

@@ -5,15 +5,14 @@ Every candidate split's meshes and groups are built by the world builder on a ba
 the run, so a move waits only for bytes. A move (every rank takes part, the decision is rank 0's, broadcast):
 the engines of ranks that leave the rollout set shut down on a background thread once the state has moved (their
 engine process and shm file go, joined before the rank starts an engine again and at the end of the run); the actor's
-parameters and AdamW moments, and the reference's parameters, move by VPS plan from the old train set's FSDP mesh to
-empty engines on the new one (`reshard/actor/rebalance/*`, `reshard/reference/rebalance/*`); ranks that join the
+parameters and AdamW moments, the reference's parameters, and PPO's critic with its AdamW moments move by VPS plan from
+the old train set's FSDP mesh to empty engines on the new one (`reshard/<role>/rebalance/*`); ranks that join the
 rollout set start their tp=1 engine, and the weight sync fills it. Logged: `rebalance/rollout_ranks` every step; in
 the step of a move the decision (`rebalance/moved`, the predicted gain and cost); in the step it served the measured
 seconds of each part (the slowest rank's) and what they cost; later `rebalance/measured_gain_s`.
 
 The fixed work of a move is done ahead of it, on a background thread, for every split the run may move to from the
-current one (`prepare_moves`, again after each move): the VPS plans of the actor's and the reference's state moves
-and of the first weight sync after the move (plans are pure: vps_plans caches them), and, on the ranks that would
+current one (`prepare_moves`, again after each move): the VPS plans of every role's state move and of the first weight sync after the move (plans are pure: vps_plans caches them), and, on the ranks that would
 train there, the destination engines as skeletons (meta parameters, TP and FSDP2 applied: no storage, no
 collective). The move itself allocates the skeleton's shards and moves the bytes; a leaving engine shuts down after
 the move (on a GPU, before it: the train engine wants its memory).
@@ -35,11 +34,12 @@ import torch
 import torch.distributed as dist
 
 from ..config import Config
-from ..elastic.placement import ACTOR, REFERENCE, TRAIN_ACTOR
+from ..elastic.placement import ACTOR, CRITIC, REFERENCE, TRAIN_ACTOR
 from ..elastic.rebalance import Decision, RebalanceRule, Rebalancer, StepTimes, move_seconds, split_candidates
 from ..elastic.world_builder import WorldBuilder, mesh_key
 from ..models.catalog import catalog_from_config
-from ..models.meta_init import meta_policy, recompute_buffers_
+from ..models.meta_init import meta_critic, meta_policy, recompute_buffers_
+from ..models.value_catalog import value_catalog_from_config
 from ..train.engine import TrainEngine
 from ..train.pipeline_engine import make_engine
 from ..transition.role_move import ALL_KINDS, move_role_state, optimizer_step, rank_set_spec
@@ -54,8 +54,8 @@ from .split_run import SYNC, SplitRanks, SplitState, start_engine
 
 MOVE_EVENT = "rebalance"  # the whole move on the timeline; its VPS rounds are reshard/<role>/rebalance
 ENGINE_STOP_EVENT = "rebalance/engine_stop"  # a leaving engine's shutdown, in the background
-MOVES = {ACTOR: f"reshard/{ACTOR}/{MOVE_EVENT}", REFERENCE: f"reshard/{REFERENCE}/{MOVE_EVENT}"}
-ENGINES = {ACTOR: "actor", REFERENCE: "ref"}  # the role's engine in SplitState
+MOVES = {role: f"reshard/{role}/{MOVE_EVENT}" for role in (ACTOR, REFERENCE, CRITIC)}
+ENGINES = {ACTOR: "actor", REFERENCE: "ref", CRITIC: "critic"}  # the role's engine in SplitState
 STOP_S = "rebalance/engine_stop_seconds"
 
 
@@ -70,17 +70,20 @@ def materializer(mesh):
     return materialize
 
 
-def skeleton_engine(cfg: Config, hf_config, mesh, trainable: bool) -> TrainEngine:
-    """An engine of the run's settings on `mesh` with its parameters on meta, built ahead of a move: its destination
-    once `engine.materialize_now(materializer(mesh))` gives them storage. Built from the config, since a rank joining
-    the train set holds no engine to copy settings from (split runs have pp=1: a (dp, tp) mesh)."""
+def skeleton_engine(cfg: Config, hf_config, mesh, role: str) -> TrainEngine:
+    """An engine of `role` with the run's settings on `mesh` and its parameters on meta, built ahead of a move: its
+    destination once `engine.materialize_now(materializer(mesh))` gives them storage. Built from the config, since a
+    rank joining the train set holds no engine to copy settings from (split runs have pp=1: a (dp, tp) mesh)."""
+    if role == CRITIC:
+        return make_engine(meta_critic(hf_config, torch.float32), mesh, materialize=None,
+                           **engine_settings(cfg, trainable=True, lr=cfg.algorithm.critic_lr))
     return make_engine(meta_policy(hf_config, torch.float32), mesh, materialize=None,
-                       **engine_settings(cfg, trainable))
+                       **engine_settings(cfg, trainable=role == ACTOR))
 
 
-def role_kinds(trainable: bool) -> tuple[Kind, ...]:
-    """What a role's move carries: parameters and AdamW moments of a trained role, parameters of a frozen one."""
-    return ALL_KINDS if trainable else (Kind.PARAM,)
+def role_kinds(role: str) -> tuple[Kind, ...]:
+    """What a role's move carries: parameters and AdamW moments of a trained role, parameters of the reference."""
+    return (Kind.PARAM,) if role == REFERENCE else ALL_KINDS
 
 
 @dataclass
@@ -107,8 +110,11 @@ class SplitRebalance:
         self.placements = {r: split_placement(cfg, r) for r in valid}
         home = self.placements[ranks.rollout.size].slot(TRAIN_ACTOR, ACTOR).spec
         self.builder = WorldBuilder(list(self.placements.values()), known={mesh_key(home): home_mesh}).start()
-        self.catalog = catalog_from_config(hf_config, "float32", "float32")  # engines keep fp32 parameters
-        self.has_reference = cfg.algorithm.kl_coef > 0
+        self.catalogs = {ACTOR: catalog_from_config(hf_config, "float32", "float32")}  # engines keep fp32 parameters
+        self.catalogs[REFERENCE] = self.catalogs[ACTOR]
+        self.catalogs[CRITIC] = value_catalog_from_config(hf_config, "float32", "float32")
+        self.roles = [ACTOR] + ([REFERENCE] if cfg.algorithm.kl_coef > 0 else []) + \
+            ([CRITIC] if cfg.algorithm.name == "ppo" else [])
         rule = RebalanceRule(cfg.placement.rebalance_margin, cfg.placement.rebalance_every)
         self.manager = Rebalancer(self.world_size, valid, ranks.rollout.size, cfg.placement.max_staleness, rule) \
             if self.rank == 0 else None
@@ -126,14 +132,15 @@ class SplitRebalance:
         train = self.placements[rollout_ranks].slot(TRAIN_ACTOR, ACTOR).ranks
         return rank_set_spec(train, self.tp)  # type: ignore[arg-type]
 
-    def _plan(self, src: ParallelSpec, dst: ParallelSpec, kinds: tuple[Kind, ...]):
-        """This rank's share of a move's VPS plan, from vps_plans' cache (move_role_state asks for the same key)."""
-        return planned(self.catalog, src, self.catalog, dst, kinds, DEFAULT_BUDGET_BYTES, self.rank)
+    def _plan(self, role: str, src: ParallelSpec, dst: ParallelSpec):
+        """This rank's share of a role's move plan, from vps_plans' cache (move_role_state asks for the same key)."""
+        catalog = self.catalogs[role]
+        return planned(catalog, src, catalog, dst, role_kinds(role), DEFAULT_BUDGET_BYTES, self.rank)
 
     def _role_plans(self, current: int, target: int) -> list:
         """The plans of every role's state move from split `current` to `target`."""
         src, dst = self._spec(current), self._spec(target)
-        return [self._plan(src, dst, role_kinds(trainable)) for _, trainable in self._roles()]
+        return [self._plan(role, src, dst) for role in self.roles]
 
     def prepare_moves(self, current: int) -> None:
         """Local, on a background thread: every move's plans from split `current`, and this rank's destination
@@ -151,17 +158,14 @@ class SplitRebalance:
                         continue
                     mesh = self.builder.get(placement.key(), record=False).mesh(
                         placement.slot(TRAIN_ACTOR, ACTOR).spec)
-                    for role, trainable in self._roles():
+                    for role in self.roles:
                         if (target, role) not in self.skeletons:
-                            self.skeletons[target, role] = skeleton_engine(self.cfg, self.hf_config, mesh, trainable)
+                            self.skeletons[target, role] = skeleton_engine(self.cfg, self.hf_config, mesh, role)
             except BaseException as err:  # surfaced by the move, on the main thread
                 self.prepare_error = err
 
         self.preparing = threading.Thread(target=prepare, name="rlhf_dyna-move-prepare", daemon=True)
         self.preparing.start()
-
-    def _roles(self) -> list[tuple[str, bool]]:
-        return [(ACTOR, True)] + ([(REFERENCE, False)] if self.has_reference else [])
 
     def _join_preparing(self) -> None:
         if self.preparing is not None:
@@ -185,8 +189,8 @@ class SplitRebalance:
                             sync_s)
 
     def _decide(self, step: int, metrics: dict, transfer_s: float) -> Decision:
-        times = StepTimes(self.manager.current, metrics["timing_s/gen"],
-                          metrics["timing_s/prepare"] + metrics["timing_s/train_actor"], metrics[f"{SYNC}/seconds"],
+        train_s = metrics["timing_s/prepare"] + metrics["timing_s/train_actor"] + metrics.get("timing_s/train_critic", 0.0)
+        times = StepTimes(self.manager.current, metrics["timing_s/gen"], train_s, metrics[f"{SYNC}/seconds"],
                           metrics["timing_s/step"])
         self.manager.observe(times)
         bandwidth = metrics[f"{SYNC}/bytes_moved"] / max(transfer_s, 1e-9)  # the sync's transfer, install excluded
@@ -249,11 +253,13 @@ class SplitRebalance:
         t = time.perf_counter()
         self._join_preparing()  # plans and skeletons of this move, built in the background since the last one
         parts["rebalance/prepare_wait_seconds"] = time.perf_counter() - t
-        # one broadcast from the train set: the adaptive KL coefficient lives there, and the AdamW step counter that
-        # the actor's move needs (the reference has no optimizer: -1, known everywhere)
-        shared = torch.tensor([kl_ctl.value, optimizer_step(state.actor)], dtype=torch.float64)
+        # one broadcast from the train set: the adaptive KL coefficient lives there, and the AdamW step counters that
+        # the trained roles' moves need (the reference has no optimizer: -1, known everywhere)
+        shared = torch.tensor([kl_ctl.value, optimizer_step(state.actor), optimizer_step(state.critic)],
+                              dtype=torch.float64)
         dist.broadcast(shared, src=old.train.first)
-        kl_ctl.value, actor_step = float(shared[0]), float(shared[1])
+        kl_ctl.value = float(shared[0])
+        steps = {ACTOR: float(shared[1]), CRITIC: float(shared[2]), REFERENCE: -1.0}
         mesh = world.mesh(self.placements[target].slot(TRAIN_ACTOR, ACTOR).spec)
         leaving = state.rollout if state.rollout is not None and not new.generates else None
         on_gpu = mesh.device_type != "cpu"
@@ -266,13 +272,13 @@ class SplitRebalance:
         metrics: dict[str, float] = {}
         moved = 0
         t_state = time.perf_counter()
-        for role, trainable in self._roles():
+        for role in self.roles:
             t = time.perf_counter()
             destination = self._destination(target, role, mesh) if new.trains else None
             parts["rebalance/materialize_seconds"] += time.perf_counter() - t
-            stats = move_role_state(getattr(state, ENGINES[role]), destination, src, dst, catalog=self.catalog,
-                                    recorder=self.recorder, trace_name=MOVES[role],
-                                    step=actor_step if trainable else -1.0)
+            stats = move_role_state(getattr(state, ENGINES[role]), destination, src, dst,
+                                    catalog=self.catalogs[role], recorder=self.recorder, trace_name=MOVES[role],
+                                    step=steps[role])
             name = MOVES[role]
             metrics.update({f"{name}/bytes_moved": float(stats.bytes_moved), f"{name}/rounds": float(stats.rounds),
                             f"{name}/peak_extra_bytes": float(stats.peak_extra_bytes)})

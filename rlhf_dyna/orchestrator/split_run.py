@@ -110,7 +110,7 @@ class SplitState:
     ref: TrainEngine | None
     rollout: SubsetVLLMRollout | None
     sync: SubsetSync
-    critic: TrainEngine | None = None  # PPO's, on the train set (re-balancing refuses PPO: it does not move it)
+    critic: TrainEngine | None = None  # PPO's, on the train set
 
     def engines(self) -> dict[str, TrainEngine | None]:
         """This rank's engines by checkpoint role (None off the train set)."""

@@ -8,12 +8,12 @@ change the rewards of the next step. No engine process outlives the run and no w
 split run saves a checkpoint after step 2 (the train set's engines, by DCP) and exports the policy; a split run
 resumed from that checkpoint logs the uninterrupted run's step 3.
 
-placement.rebalance=true starts a run deliberately unbalanced (3 rollout ranks, 1 train rank, which trains every row
-of the step) and the manager moves ranks from generation to training after a measured step (3+1 -> 2+2 or 1+3: ranks
-leave the rollout set, so no engine has to start): one VPS move of the actor's parameters and AdamW moments and of the
-reference's parameters. That run, too, logs what colocate logs, and its trace and timeline show the move. Each
-comparison runs its own colocate: the re-balancing one with micro-batches of 1 (training-bound on 3+1 on an idle
-machine too), the staleness-0 one with 4."""
+placement.rebalance=true starts a PPO run deliberately unbalanced (3 rollout ranks, 1 train rank, which trains every
+row of the step) and the manager moves ranks from generation to training after a measured step (3+1 -> 2+2 or 1+3:
+ranks leave the rollout set, so no engine has to start): one VPS move each of the actor's parameters and AdamW moments,
+the critic's parameters and AdamW moments, and the reference's parameters. That run, too, logs what colocate logs,
+and its trace and timeline show the move. Each comparison runs its own colocate: the re-balancing one with
+micro-batches of 1 (training-bound on 3+1 on an idle machine too), the staleness-0 one with 4."""
 from __future__ import annotations
 
 import json
@@ -35,8 +35,10 @@ GRPO4 = [  # 12 prompts and 12 eval examples divide over 1, 2, 3 and 4 rollout r
     "algorithm.kl_coef=0.02",
     "trainer.save_last=false", "trainer.export_policy=false", "tracking.wandb_mode=disabled",
 ]
-# micro-batches of 1 row make training, not generation, the longer phase on 3+1 on an idle machine too
-GRPO4_MB1 = [a.replace("micro_batch_size=4", "micro_batch_size=1") for a in GRPO4]
+# PPO (actor, critic and reference to move); micro-batches of 1 row make training, not generation, the longer phase
+# on 3+1 on an idle machine too
+PPO4_MB1 = ["recipe=ppo_tiny" if a == "recipe=grpo_tiny" else a.replace("micro_batch_size=4", "micro_batch_size=1")
+            for a in GRPO4 if a != "algorithm.kl_coef=0.02"]
 REBALANCE = ["placement=split", "placement.max_staleness=0", "placement.rollout_ranks=3", "placement.rebalance=true",
              "placement.rebalance_every=1", "placement.rebalance_margin=0.05"]
 SYNC = "reshard/actor/train_actor_to_generate"
@@ -108,10 +110,10 @@ def test_split_staleness_0_logs_what_colocate_logs(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_unbalanced_split_rebalances_and_logs_what_colocate_logs(tmp_path):
-    colocate = run(tmp_path / "colocate", *GRPO4_MB1)
+def test_unbalanced_ppo_split_rebalances_and_logs_what_colocate_logs(tmp_path):
+    colocate = run(tmp_path / "colocate", *PPO4_MB1)
     before = weight_files()
-    rows = run(tmp_path / "rebalance", *GRPO4_MB1, *REBALANCE)
+    rows = run(tmp_path / "rebalance", *PPO4_MB1, *REBALANCE)
     assert with_mark(str(tmp_path / "rebalance")) == [], "engine or rank processes outlived the run"
     assert weight_files() - before == set(), "the run left its weight files in /dev/shm"
 
@@ -124,9 +126,11 @@ def test_unbalanced_split_rebalances_and_logs_what_colocate_logs(tmp_path):
     assert first["rebalance/predicted_total_gain_s"] > first["rebalance/predicted_cost_s"] > 0
     after = rows[first["step"] + 1]  # the move's cost is logged in the step it served
     assert after["rebalance/transition_seconds"] > 0 and after["rebalance/engine_start_seconds"] == 0.0
-    for role in ("actor", "reference"):  # one VPS move each, 1 train rank -> 2 or 3
+    for role in ("actor", "critic", "reference"):  # one VPS move each, 1 train rank -> 2 or 3
         assert after[f"reshard/{role}/rebalance/bytes_moved"] > 0 and after[f"reshard/{role}/rebalance/rounds"] >= 1
-    assert after["reshard/actor/rebalance/bytes_moved"] > 2 * after["reshard/reference/rebalance/bytes_moved"]  # AdamW
+    for role in ("actor", "critic"):  # with their AdamW moments
+        assert after[f"reshard/{role}/rebalance/bytes_moved"] > 2 * after["reshard/reference/rebalance/bytes_moved"]
+    assert any(abs(r["critic/vf_loss"]) > 0 for r in rows[1:])
     assert after["placement/wait_seconds"] <= 0.1 * after["placement/build_seconds"] + 0.01
     assert 0 < after["rebalance/lost_seconds"] <= after["rebalance/transition_seconds"]
     share = after["rebalance/lost_seconds"] / after["timing_s/step"]
@@ -140,10 +144,12 @@ def test_unbalanced_split_rebalances_and_logs_what_colocate_logs(tmp_path):
     events = [e for e in trace if e["ph"] == "X"]
     moved = [e for e in events if e["name"] == "rebalance"]
     assert sorted(e["pid"] for e in moved if e["args"]["from"] == 3) == [0, 1, 2, 3]  # every rank took part
-    assert 3 in {e["pid"] for e in events if e["name"] == "reshard/actor/rebalance"}  # the train rank sent its state
+    for role in ("actor", "critic"):  # the train rank sent their state
+        assert 3 in {e["pid"] for e in events if e["name"] == f"reshard/{role}/rebalance"}
     served = {(e["pid"], e["name"], e["args"]["roles"]) for e in events
               if e["cat"] == "phase" and e["args"]["step"] == 1}
     assert (0, "phase/generate", "rollout") in served and (3, "phase/train_actor", "actor") in served
+    assert (3, "phase/train_critic", "critic") in served
     assert not any(p == 3 and n == "phase/generate" for p, n, _ in served)  # step 1: rank 3 only trained
     assert any(e["name"] == SYNC for e in events)  # the weight syncs' rounds
     assert (tmp_path / "rebalance" / "timeline.png").stat().st_size > 10_000

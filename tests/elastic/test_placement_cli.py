@@ -10,8 +10,6 @@ CASES = [
     (["placement=split", "parallel.world_size=4", "parallel.train.pp=2"], "but not with: parallel.train.pp=2 (use 1)"),
     (["placement=split", "parallel.world_size=4", "rollout.tp=2"],
      "rollout.tp=2 (each rollout rank runs one tp=1 engine; use 1)"),
-    (["recipe=ppo_tiny", "placement=split", "placement.rebalance=true", "parallel.world_size=4",
-      "task.prompts_per_step=12", "rollout.n=4", "algorithm.mini_batches=2"], "algorithm=ppo with placement.rebalance=true"),
     (["recipe=ppo_tiny", "placement=lend", "parallel.schedule=[{step: 2, dp: 1, tp: 2}]"],
      "does not change the training layout as well"),
     (["recipe=ppo_tiny", "placement=lend", "parallel.world_size=4", "parallel.train.pp=2"],
