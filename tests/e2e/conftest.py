@@ -11,7 +11,7 @@ from tests.e2e.test_recipes import run_app
 
 # grpo_tiny shortened, with tied embeddings and an export bound of ~60 KB per file (several safetensors files)
 GRPO_TINY = ["recipe=grpo_tiny", "rollout.sync=vps", "trainer.total_steps=2", "trainer.sft_warmup_steps=30",
-             "task.prompts_per_step=8", "rollout.n=4", "task.eval_size=16", "task.eval_every=1",
+             "trainer.sft_batch_size=16", "task.prompts_per_step=8", "rollout.n=4", "task.eval_size=16", "task.eval_every=1",
              "model.tie_word_embeddings=true", "trainer.export_max_shard_bytes=60000"]
 
 

@@ -16,7 +16,8 @@ import pytest
 from tests.e2e.test_recipes import assert_recipe_outputs, read_metrics, run_app
 
 GRPO = [
-    "recipe=grpo_tiny", "trainer.sft_warmup_steps=30", "algorithm.kl_coef=0.05", "trainer.precision=fp32",
+    "recipe=grpo_tiny", "trainer.sft_warmup_steps=30", "trainer.sft_batch_size=16", "algorithm.kl_coef=0.05",
+    "trainer.precision=fp32",
     "algorithm.kl_ctrl=adaptive", "algorithm.kl_horizon=200",
     "task.prompts_per_step=8", "rollout.n=4", "task.partial_credit=true", "task.eval_size=16", "task.eval_every=2",
     "tracking.wandb_mode=disabled",

@@ -18,7 +18,8 @@ from pathlib import Path
 from tests.e2e.test_recipes import read_metrics, run_app
 
 RUN = [
-    "recipe=grpo_tiny", "trainer.total_steps=4", "trainer.sft_warmup_steps=20", "trainer.precision=fp32",
+    "recipe=grpo_tiny", "trainer.total_steps=4", "trainer.sft_warmup_steps=20", "trainer.sft_batch_size=16",
+    "trainer.precision=fp32",
     "task.prompts_per_step=16", "task.partial_credit=true", "task.eval_size=16", "task.eval_every=100",
     "algorithm.mini_batches=2", "tracking.wandb_mode=disabled",
 ]

@@ -29,7 +29,8 @@ from tests.e2e.test_placement_lend import assert_same_metrics
 from tests.e2e.test_recipes import read_metrics
 
 GRPO4 = [  # 12 prompts and 12 eval examples divide over 1, 2, 3 and 4 rollout ranks; 48 rows over dp 1, 2, 3 and 4
-    "recipe=grpo_tiny", "parallel.world_size=4", "trainer.sft_warmup_steps=30", "trainer.precision=fp32",
+    "recipe=grpo_tiny", "parallel.world_size=4", "trainer.sft_warmup_steps=30", "trainer.sft_batch_size=16",
+    "trainer.precision=fp32",
     "task.prompts_per_step=12", "rollout.n=4", "task.partial_credit=true", "task.eval_size=12", "task.eval_every=2",
     "trainer.total_steps=3", "algorithm.mini_batches=2", "algorithm.epochs=2", "algorithm.micro_batch_size=4",
     "algorithm.kl_coef=0.02",
