@@ -60,8 +60,14 @@ def split_candidates(shape: SplitShape) -> tuple[list[int], dict[int, str]]:
     return valid, invalid
 
 
-def describe_invalid(invalid: dict[int, str], world_size: int) -> str:
-    return "; ".join(f"{r}+{world_size - r}: {why}" for r, why in sorted(invalid.items()))
+def describe_invalid(invalid: dict[int, str], world_size: int, rollout_tp: int = 1) -> str:
+    """Each invalid split and why; the sizes rollout.tp does not divide are counted, not listed (at cluster scale
+    they are most of them)."""
+    listed = [f"{r}+{world_size - r}: {why}" for r, why in sorted(invalid.items()) if r % rollout_tp == 0]
+    unaligned = sum(1 for r in invalid if r % rollout_tp)
+    if unaligned:
+        listed.insert(0, f"the {unaligned} rollout set sizes that are not a multiple of rollout.tp={rollout_tp}")
+    return "; ".join(listed)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..config import Config
-from ..elastic.placement import ACTOR, CRITIC, REFERENCE, ROLES, ROLLOUT, Placement, RankSet, changes, weight_sync
+from ..elastic.placement import (
+    ACTOR, CRITIC, GENERATE, REFERENCE, ROLES, ROLLOUT, TRAIN_ACTOR, Placement, RankSet, changes, weight_sync,
+)
 from ..elastic.policies import PolicyRequest, TrainLayout, make_placement
 from ..elastic.rebalance import SplitShape, describe_invalid, split_candidates
 from ..elastic.validate import PlacementError
@@ -80,7 +82,7 @@ def check_rebalance(cfg: Config) -> None:
         raise ConfigError(
             f"placement.rebalance=true: no second split of the {world} ranks runs this config, so there is "
             f"nothing to re-balance to. Valid rollout+train splits: {runs}; "
-            f"tried and invalid: {describe_invalid(invalid, world)}. Change task.prompts_per_step / rollout.n / "
+            f"tried and invalid: {describe_invalid(invalid, world, cfg.rollout.tp)}. Change task.prompts_per_step / rollout.n / "
             "algorithm.mini_batches (e.g. task.prompts_per_step=12 on 4 ranks), or placement.rebalance=false.")
 
 
@@ -118,13 +120,35 @@ def check_placement_config(cfg: Config) -> Placement:
 
 
 def placement_transitions(cfg: Config) -> list:
-    """The weight sync and each VPS-planned role move of one step under `cfg.placement` (for the dry run)."""
+    """The weight sync and each VPS-planned role move of one step under `cfg.placement`, then, with re-balancing, the
+    first moves the manager may make (for the dry run)."""
     from ..vps.dryrun import Transition
 
     placement = placement_of(cfg)
     sync = weight_sync(placement)
     moves = [Transition(c.name, c.src.spec, c.dst.spec) for c in changes(placement) if c.is_vps]
-    return [Transition(sync.name, sync.src, sync.dst), *moves]
+    return [Transition(sync.name, sync.src, sync.dst), *moves, *(rebalance_transitions(cfg) if cfg.placement.rebalance
+                                                              else [])]
+
+
+def rebalance_transitions(cfg: Config) -> list:
+    """The state moves of re-balancing from the starting split to the nearest split on each side that can run the
+    config (one rank set size step): every training role moves from the train set's spec to the new one's, named
+    `reshard/<role>/rebalance/<rollout>+<train>_to_<rollout>+<train>`."""
+    from ..vps.dryrun import Transition
+
+    world = cfg.parallel.world_size
+    start = placement_of(cfg).slot(GENERATE, ROLLOUT).ranks.size
+    valid, _ = split_candidates(split_shape(cfg))
+    nearest = [max((r for r in valid if r < start), default=None), min((r for r in valid if r > start), default=None)]
+    src = split_placement(cfg, start).slot(TRAIN_ACTOR, ACTOR).spec
+    out = []
+    for target in (r for r in nearest if r is not None):
+        dst = split_placement(cfg, target).slot(TRAIN_ACTOR, ACTOR).spec
+        for role in (r for r in run_roles(cfg) if r != ROLLOUT):
+            name = f"reshard/{role}/rebalance/{start}+{world - start}_to_{target}+{world - target}"
+            out.append(Transition(name, src, dst))
+    return out
 
 
 def check_split_live(cfg: Config, rollout: RankSet) -> None:

@@ -12,6 +12,10 @@ CASES = {
     "ppo_235b_moe lend": (["recipe=ppo_235b_moe", "placement=lend"], [
         "train_to_rollout", "reshard/actor/train_critic_to_generate", "reshard/critic/train_critic_to_generate",
         "reshard/actor/prepare_to_train_actor", "reshard/critic/prepare_to_train_actor"]),
+    # re-balancing: the first moves the manager may make from 64+64, to the nearest valid split on each side
+    "grpo_70b split rebalance": (["recipe=grpo_70b", "placement=split", "placement.rebalance=true",
+                                  "task.prompts_per_step=48"], [
+        "train_to_rollout", "reshard/actor/rebalance/64+64_to_32+96", "reshard/actor/rebalance/64+64_to_96+32"]),
 }
 
 
@@ -28,6 +32,10 @@ def test_dry_run_plans_placement_changes(case, tmp_path):
     sync = rows[0]
     if case.startswith("grpo_70b"):  # split: training on ranks 64..127 feeds rollout on 0..63
         assert sync["src"].endswith("@64") and sync["dst"].endswith("@0") and "vllm_dp=8" in sync["dst"]
-    else:  # lend: the actor trains on ranks 0..63, the critic on 64..127, both come back onto all 128
+    if case.endswith("rebalance"):  # the train set grows to ranks 32..127 (dp 12) or shrinks to 96..127 (dp 4)
+        assert [(r["src"], r["dst"]) for r in rows[1:]] == [
+            ("train[dp=8,tp=8,zero=3]@64", "train[dp=12,tp=8,zero=3]@32"),
+            ("train[dp=8,tp=8,zero=3]@64", "train[dp=4,tp=8,zero=3]@96")]
+    if case.endswith("lend"):  # the actor trains on ranks 0..63, the critic on 64..127, both come back onto all 128
         assert rows[2]["src"].endswith("@64") and "dp=32" in rows[2]["dst"]
     assert not list(tmp_path.glob("rank*.log")), "a dry run must not spawn ranks"

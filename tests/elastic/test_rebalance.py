@@ -29,6 +29,9 @@ def test_candidates_are_the_splits_the_config_can_run_and_the_others_say_why():
     valid, invalid = split_candidates(SplitShape(8, 12, 48, 1, rollout_tp=2, train_inner=2))
     assert valid == [2, 4, 6] and "rollout.tp=2 does not divide 3 rollout ranks" in invalid[3]
     assert describe_invalid({3: "why"}, 4) == "3+1: why"
+    # at cluster scale the sizes that rollout.tp does not divide are counted, the others listed
+    assert describe_invalid({1: "tp", 2: "tp", 8: "rows", 3: "tp"}, 16, rollout_tp=8) == \
+        "the 3 rollout set sizes that are not a multiple of rollout.tp=8; 8+8: rows"
 
 
 def test_training_bound_split_moves_ranks_to_training_with_the_predicted_gain():
