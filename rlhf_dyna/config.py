@@ -85,7 +85,7 @@ class AlgorithmConfig:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
-    clip_eps_low: float = 0.2
+    clip_eps_low: float = 0.2  # ratio clipped below at 1 - clip_eps_low; 1 = no lower clip
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
     kl_estimator: str = "k3"  # k1 | k2 | k3 | low_var_kl (k3 capped at 10), in the loss

@@ -163,7 +163,7 @@ VALUE_RULES: dict[str, tuple] = {
     "algorithm.critic_lr": (lambda v: v > 0, "> 0"),
     "algorithm.weight_decay": (lambda v: v >= 0, ">= 0"),
     "algorithm.grad_clip": (lambda v: v > 0, "> 0"),
-    "algorithm.clip_eps_low": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "algorithm.clip_eps_low": (lambda v: 0 <= v <= 1, "in [0, 1] (1 = no lower clip)"),
     "algorithm.clip_eps_high": (lambda v: v >= 0, ">= 0"),
     "algorithm.kl_coef": (lambda v: v >= 0, ">= 0 (0 = no reference model)"),
     "algorithm.gamma": (lambda v: 0 <= v <= 1, "in [0, 1]"),

@@ -142,9 +142,11 @@ def value_loss(
     loss_mat = 0.5 * torch.maximum(err_unclipped, err_clipped)
     loss = aggregate(loss_mat, mask_f, agg, norm_len)
     with torch.no_grad():
+        # within the range old + (v - old) may differ from v by round-off: only an active clamp counts
+        clipped = ((values - old_values).abs() > clip_eps) & (err_clipped > err_unclipped)
         metrics = {
             "vf_loss": loss.detach(),
-            "vf_clipfrac": masked_mean((err_clipped > err_unclipped).to(values.dtype), mask_f),
+            "vf_clipfrac": masked_mean(clipped.to(values.dtype), mask_f),
             "value_mean": masked_mean(values, mask_f),
         }
     return loss, metrics

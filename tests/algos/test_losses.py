@@ -81,6 +81,16 @@ def test_value_loss_by_hand():
     assert metrics["value_mean"].item() == pytest.approx(0.5)
 
 
+def test_value_clipfrac_counts_no_round_off_within_the_range():
+    # old + (v - old) rounds away from v for about a third of independent values; none is past the range
+    gen = torch.Generator().manual_seed(0)
+    old, values = torch.randn(1, 4096, generator=gen), torch.randn(1, 4096, generator=gen)
+    returns = torch.randn(1, 4096, generator=gen)
+    assert ((old + (values - old)) != values).any()  # the case exists
+    _, metrics = value_loss(values, old, returns, torch.ones(1, 4096), clip_eps=1e9, agg="token_mean")
+    assert metrics["vf_clipfrac"].item() == 0.0
+
+
 def test_masked_mean_of_empty_mask_is_zero():
     assert masked_mean(torch.ones(2, 2), torch.zeros(2, 2)).item() == 0.0
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_placement_lend import assert_same_metrics
+from tests.e2e.test_placement_lend import NO_CLIP, assert_same_metrics
 from tests.e2e.test_recipes import read_metrics
 
 GRPO4 = [  # 12 prompts and 12 eval examples divide over 1, 2, 3 and 4 rollout ranks; 48 rows over dp 1, 2, 3 and 4
@@ -34,7 +34,7 @@ GRPO4 = [  # 12 prompts and 12 eval examples divide over 1, 2, 3 and 4 rollout r
     "task.prompts_per_step=12", "rollout.n=4", "task.partial_credit=true", "task.eval_size=12", "task.eval_every=2",
     "trainer.total_steps=3", "algorithm.mini_batches=2", "algorithm.epochs=2", "algorithm.micro_batch_size=4",
     "algorithm.kl_coef=0.02",
-    "trainer.save_last=false", "trainer.export_policy=false", "tracking.wandb_mode=disabled",
+    "trainer.save_last=false", "trainer.export_policy=false", "tracking.wandb_mode=disabled", *NO_CLIP,
 ]
 # PPO (actor, critic and reference to move); micro-batches of 1 row make training, not generation, the longer phase
 # on 3+1 on an idle machine too
