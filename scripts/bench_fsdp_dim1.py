@@ -6,7 +6,7 @@ under dp x tp (TP outermost), so a layout switch keeps it in place. FSDP2 all-ga
 then re-lays it out (a copy per gather), and the reduce-scatter of its gradient likewise, so every step pays. Both
 variants run the same code (fully_shard per decoder layer + root, fp32, AdamW), alternating, `--steps` each.
 
-    python scripts/bench_fsdp_dim1.py --size 60m --steps 6 --out docs/bench/bench_fsdp_dim1.json
+    python scripts/bench_fsdp_dim1.py --size 60m --steps 10 --out docs/bench/bench_fsdp_dim1.json
 """
 from __future__ import annotations
 
