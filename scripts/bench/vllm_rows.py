@@ -72,7 +72,7 @@ def capture_staged(vps: VpsSync, engine: TrainEngine, rollout: VLLMRollout) -> l
 
 
 def repack_samples(captured: list[dict], engine: TrainEngine, rollout: VLLMRollout, budget_bytes: int,
-                   repeats: int = 1) -> list[float]:
+                   repeats: int) -> list[float]:
     """vLLM's install of this rank's shard from local memory, `repeats` times back to back: the captured tensors
     installed again with no wire, group after group (slowest rank each time)."""
     destination = VllmDestination(rollout, whole_plan(engine, rollout, budget_bytes).dst, dist.get_rank())
