@@ -157,8 +157,10 @@ STAGING = StagingArena()  # one per process: ranks run one transition at a time
 class RoundIO:
     """Staging of one round: what to send (packed or direct views) and where to receive (and unpack later)."""
 
-    def __init__(self, src: Mapping[str, Tensor], dst: Mapping[str, Tensor], device: torch.device) -> None:
+    def __init__(self, src: Mapping[str, Tensor], dst: Mapping[str, Tensor], device: torch.device,
+                 local: LocalCopies | None = None) -> None:
         self.src, self.dst, self.device = src, dst, device
+        self.local = local
         self.arena = STAGING.buffer if device.type == "cpu" else None
         self.staged_bytes = 0
         self.unpack: list[tuple[Message, Tensor]] = []
@@ -183,16 +185,36 @@ class RoundIO:
         view = src_view(self.src, s.transfer)[s.r0:s.r1]
         return as_bytes(view) if view.dtype == TORCH_DTYPES[s.transfer.dtype] and view.is_contiguous() else None
 
+    def kept_rows(self, m: Message) -> Tensor | None:
+        """Where this rank keeps the rows of a single-segment message itself (a local copy reads the same source
+        region into a contiguous destination slice of the message's dtype): sent from there, they need no staging."""
+        if m.packed or self.local is None:
+            return None
+        s = m.segments[0]
+        t = self.local.by_region.get(source_region(s.transfer))
+        if t is None:
+            return None
+        out = dst_view(self.dst, t)[s.r0:s.r1]
+        return out if out.is_contiguous() and out.dtype == TORCH_DTYPES[s.transfer.dtype] else None
+
     def pack(self, m: Message) -> Tensor:
         key = tuple((source_region(s.transfer), s.r0, s.r1) for s in m.segments)
         if key in self.packed:
             return self.packed[key]
         start = time.perf_counter()
-        buf = self._staging(m.nbytes)
-        for s, at in zip(m.segments, m.offsets):
-            piece = buf[at:at + s.nbytes].view(TORCH_DTYPES[s.transfer.dtype]).view(s.r1 - s.r0, *region_shape(s.transfer)[1:])
-            piece.copy_(src_view(self.src, s.transfer)[s.r0:s.r1])  # casts when the source dtype differs
-            self.packed_rows.setdefault(source_region(s.transfer), []).append((s.r0, s.r1, piece))
+        kept = self.kept_rows(m)
+        if kept is not None:  # cast once into the local destination, which is then the send buffer
+            s = m.segments[0]
+            if not self.local.copied:
+                kept.copy_(src_view(self.src, s.transfer)[s.r0:s.r1])
+                self.packed_rows.setdefault(source_region(s.transfer), []).append((s.r0, s.r1, kept))
+            buf = as_bytes(kept)
+        else:
+            buf = self._staging(m.nbytes)
+            for s, at in zip(m.segments, m.offsets):
+                piece = buf[at:at + s.nbytes].view(TORCH_DTYPES[s.transfer.dtype]).view(s.r1 - s.r0, *region_shape(s.transfer)[1:])
+                piece.copy_(src_view(self.src, s.transfer)[s.r0:s.r1])  # casts when the source dtype differs
+                self.packed_rows.setdefault(source_region(s.transfer), []).append((s.r0, s.r1, piece))
         self.packed[key] = buf
         self.copy_seconds += time.perf_counter() - start
         return buf
@@ -219,7 +241,8 @@ class RoundIO:
 
     def staging_need(self, sends: PeerMessages, recvs: PeerMessages) -> int:
         """Bytes a round would stage: packed or strided sends and receives (zero-copy ones need none)."""
-        out = sum(align(m.nbytes) for msgs in sends.values() for m in msgs if self.direct(m) is None)
+        out = sum(align(m.nbytes) for msgs in sends.values() for m in msgs
+                  if self.direct(m) is None and self.kept_rows(m) is None)
         return out + sum(align(m.nbytes) for msgs in recvs.values() for m in msgs if self.landing(m) is None)
 
     def finish(self) -> None:
@@ -289,10 +312,11 @@ def execute(
     sent = received = messages = peak = 0
     copying = waiting = 0.0
     pending_copies = bool(p.plan.copies)
+    local = LocalCopies(p.plan.copies)
     streaming = post is post_streaming and p.budget_bytes is not None
     i, n = 0, len(p.plan.rounds)
     while i < n:
-        window_start, io, works = time.time(), RoundIO(src_buffers, dst_buffers, device), []
+        window_start, io, works = time.time(), RoundIO(src_buffers, dst_buffers, device, local), []
         j = i
         while j == i or (streaming and j < n and io.staged_bytes + io.staging_need(p.sends[j], p.recvs[j]) <= p.budget_bytes):
             works.append(post(io, p, j, group))  # zero-copy rounds cost no staging: they run together
@@ -301,7 +325,7 @@ def execute(
             copy_start = time.perf_counter()
             run_copies(p.plan.copies, src_buffers, dst_buffers, io.packed_rows)
             copying += time.perf_counter() - copy_start
-            pending_copies = False
+            pending_copies, local.copied = False, True
             for name in releases.pop(-1, []):
                 release(name)
         wait_start = time.perf_counter()
@@ -338,6 +362,16 @@ def execute(
                      copying, waiting)
 
 
+class LocalCopies:
+    """A plan's rank-local copies by the source region they read, and whether `run_copies` has run yet."""
+
+    def __init__(self, copies: list[Transfer]) -> None:
+        self.by_region: dict[tuple, Transfer] = {}
+        for t in copies:
+            self.by_region.setdefault(source_region(t), t)
+        self.copied = False
+
+
 def source_region(t: Transfer) -> tuple:
     """What a transfer reads, in the dtype it carries: transfers with equal keys carry the same bytes."""
     return t.src_buffer, t.src_offset, t.src_strides, t.shape, t.dtype
@@ -353,7 +387,9 @@ def run_copies(copies: list[Transfer], src: Mapping[str, Tensor], dst: Mapping[s
                 continue
             if r0 > at:
                 out[at:r0].copy_(src_view(src, t)[at:r0])
-            out[max(r0, at):r1].copy_(piece[max(at - r0, 0):])
+            rows, packed = out[max(r0, at):r1], piece[max(at - r0, 0):]
+            if rows.data_ptr() != packed.data_ptr():  # rows cast straight into the destination are there already
+                rows.copy_(packed)
             at = r1
         if at < out.shape[0]:
             out[at:].copy_(src_view(src, t)[at:])
