@@ -5,11 +5,13 @@ bf16 from dummy weights). After a cold sync and a warm-up, every rank runs `--re
 its floor probes (the plan's pair matrix replayed, vLLM's install from local memory), and prints `VpsSync.phases`
 (seconds per step of the sync, summed over its layer groups: execute split into copy work and waiting) as each
 phase's max over the ranks (one line's phases may come from different ranks) and for every rank. `--fresh-staging`
-alternates pooled runs with runs whose vLLM staging is allocated fresh every group, as before the staging pool.
+alternates pooled runs with runs whose vLLM staging is allocated fresh every group, as before the staging pool;
+`--pack-order` with runs that send each message as soon as it is packed instead of packing a round's messages first.
 With `--cprofile`, rank 0 also profiles one more sync and prints the functions with the most cumulative time. JSON:
 every run, to --out.
 
     PYTHONPATH=$PWD python scripts/profile_vllm_sync.py --size 300m --fresh-staging --repeats 4 --out DIR/profile.json
+    PYTHONPATH=$PWD python scripts/profile_vllm_sync.py --size 300m --pack-order --repeats 4 --out DIR/profile.json
     PYTHONPATH=$PWD python scripts/profile_vllm_sync.py --size 60m --cprofile
 """
 from __future__ import annotations
@@ -59,7 +61,8 @@ def rank_main(rank: int, port: int, size: str, repeats: int, budget_bytes: int |
     model_dir = Path(f"{out}.model")
     rollout = dummy_rollout(engine, model_dir, ROLLOUT_TP)
     budget = {} if budget_bytes is None else {"budget_bytes": budget_bytes}
-    syncs = {"pooled": VpsSync(**budget), "fresh_staging": VpsSync(**budget, pool=FreshStagingPool())}
+    syncs = {"pooled": VpsSync(**budget), "fresh_staging": VpsSync(**budget, pool=FreshStagingPool()),
+             "interleaved": VpsSync(**budget, pack_first=False)}
     for variant in variants:
         syncs[variant].sync(engine, rollout)  # cold: planning
     vps = syncs["pooled"]
@@ -123,6 +126,8 @@ def main() -> None:
     parser.add_argument("--budget-mib", type=int, default=None, help="VpsSync's budget (default: its own)")
     parser.add_argument("--fresh-staging", action="store_true", help="A/B: alternate runs whose vLLM staging is "
                         "allocated fresh every group (as before the staging pool) with pooled runs")
+    parser.add_argument("--pack-order", action="store_true", help="A/B: alternate runs that send each message as "
+                        "soon as it is packed (VpsSync(pack_first=False)) with pooled runs (all packed, then sent)")
     parser.add_argument("--cprofile", action="store_true", help="rank 0 profiles one more sync with cProfile")
     parser.add_argument("--out", default="/tmp/profile_vllm_sync.json")
     args = parser.parse_args()
@@ -130,7 +135,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     port = free_port()
     budget = None if args.budget_mib is None else args.budget_mib << 20
-    variants = ["pooled", "fresh_staging"] if args.fresh_staging else ["pooled"]
+    variants = ["pooled"] + (["fresh_staging"] if args.fresh_staging else []) + (["interleaved"] if args.pack_order else [])
     launch(rank_main, (port, args.size, args.repeats, budget, variants, args.cprofile, args.out), WORLD, port)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -255,9 +256,12 @@ class RoundIO:
         self.copy_seconds += time.perf_counter() - start
 
 
-def post_streaming(io: RoundIO, p: PreparedPlan, i: int, group: dist.ProcessGroup | None) -> list:
-    """gloo: post each message of round i as soon as it is ready; tags (a message's index in its peer stream)
-    pair them up whatever order either end posts in."""
+def post_streaming(io: RoundIO, p: PreparedPlan, i: int, group: dist.ProcessGroup | None,
+                   pack_first: bool = True) -> list:
+    """gloo: receives, then zero-copy sends, then the packed ones; tags (a message's index in its peer stream) pair
+    them up whatever order either end posts in. With `pack_first` every message is packed before the first packed
+    send is posted: where ranks share cores, casting between sends slowed the exchange (scripts/profile_vllm_sync.py
+    --pack-order); otherwise each is sent as soon as it is packed."""
     works = [dist.irecv(io.incoming(m), peer_rank(group, peer), group, tag=p.recv_tags[i][peer] + k)
              for peer, msgs in p.recvs[i].items() for k, m in enumerate(msgs)]
     to_pack = []
@@ -268,7 +272,11 @@ def post_streaming(io: RoundIO, p: PreparedPlan, i: int, group: dist.ProcessGrou
                 to_pack.append((peer, p.send_tags[i][peer] + k, m))
             else:
                 works.append(dist.isend(view, peer_rank(group, peer), group, tag=p.send_tags[i][peer] + k))
-    works += [dist.isend(io.pack(m), peer_rank(group, peer), group, tag=tag) for peer, tag, m in to_pack]
+    if pack_first:
+        packed = [io.pack(m) for _, _, m in to_pack]
+        works += [dist.isend(b, peer_rank(group, peer), group, tag=tag) for (peer, tag, _), b in zip(to_pack, packed)]
+    else:
+        works += [dist.isend(io.pack(m), peer_rank(group, peer), group, tag=tag) for peer, tag, m in to_pack]
     return works
 
 
@@ -294,18 +302,21 @@ def execute(
     trace_name: str = "vps",
     release: Callable[[str], None] | None = None,
     first_round: int = 0,
+    pack_first: bool = True,
 ) -> ExecStats:
     """Collective over `group`: every rank runs its own plan of the same schedule.
 
     `release(name)` (in-place transitions) is called once per source buffer right after the last round that
     reads it, so its storage can be freed while later rounds still run. With `verify`, every destination
     region is checked against a checksum of its source afterwards (see `verify.check_destination`).
-    `first_round` numbers the traced rounds of a transition run as several plans (layer groups) as one."""
+    `first_round` numbers the traced rounds of a transition run as several plans (layer groups) as one; `pack_first`:
+    see post_streaming (gloo only)."""
     p = plan if isinstance(plan, PreparedPlan) else prepare(plan)
     check_buffers(p, src_buffers, dst_buffers)
     some = next(iter({**src_buffers, **dst_buffers}.values()), None)
     device = some.device if some is not None else torch.device("cpu")
-    post = post_batched if device.type == "cuda" else post_streaming  # CUDA tensors travel over NCCL
+    streaming = device.type != "cuda"  # CUDA tensors travel over NCCL, in one grouped call per round
+    post = partial(post_streaming, pack_first=pack_first) if streaming else post_batched
     sums = source_sums(p.plan, src_buffers) if verify else None  # taken before any source is released
     releases = {i: list(names) for i, names in p.last_read.items()} if release is not None else {}
     start = time.perf_counter()
@@ -313,7 +324,7 @@ def execute(
     copying = waiting = 0.0
     pending_copies = bool(p.plan.copies)
     local = LocalCopies(p.plan.copies)
-    streaming = post is post_streaming and p.budget_bytes is not None
+    streaming = streaming and p.budget_bytes is not None
     i, n = 0, len(p.plan.rounds)
     while i < n:
         window_start, io, works = time.time(), RoundIO(src_buffers, dst_buffers, device, local), []

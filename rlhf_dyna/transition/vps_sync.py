@@ -38,8 +38,9 @@ class VpsSync(WeightSync):
 
     def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES, verify: bool = False,
                  recorder: TraceRecorder | None = None, overlap_install: bool = False,
-                 pool: TensorPool = STAGING_POOL) -> None:
+                 pool: TensorPool = STAGING_POOL, pack_first: bool = True) -> None:
         self.budget_bytes = budget_bytes
+        self.pack_first = pack_first  # gloo: cast every message of a round before sending (executor.post_streaming)
         self.verify = verify  # checksum every received piece against its source (tests)
         self.recorder = recorder  # one trace event per round when set
         # install a group on a worker thread while the next one is received; off by default: on CPU ranks that share
@@ -102,7 +103,7 @@ class VpsSync(WeightSync):
 
     def _execute(self, t, src, dst, first_round: int = 0) -> ExecStats:
         return execute(t.rank_plan, src, dst, verify=self.verify, trace=self.recorder, trace_name="train_to_rollout",
-                       first_round=first_round)
+                       first_round=first_round, pack_first=self.pack_first)
 
     def _grouped(self, params: dict, plans: SyncPlans,
                  rollout: VLLMRollout) -> tuple[list[ExecStats], int, dict[str, float]]:
