@@ -21,7 +21,11 @@ def _children(pid: int) -> set[int]:
     """Live child processes, but multiprocessing's resource tracker (the spawn start method keeps one per process)."""
     out = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:  # the thread exited since the listing (vLLM's threads end during shutdown)
+            continue
+        for child in children:
             try:
                 cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
                 state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
