@@ -315,16 +315,15 @@ def execute(
     check_buffers(p, src_buffers, dst_buffers)
     some = next(iter({**src_buffers, **dst_buffers}.values()), None)
     device = some.device if some is not None else torch.device("cpu")
-    streaming = device.type != "cuda"  # CUDA tensors travel over NCCL, in one grouped call per round
-    post = partial(post_streaming, pack_first=pack_first) if streaming else post_batched
+    gloo = device.type != "cuda"  # CUDA tensors travel over NCCL, in one grouped call per round
+    post = partial(post_streaming, pack_first=pack_first) if gloo else post_batched
     sums = source_sums(p.plan, src_buffers) if verify else None  # taken before any source is released
     releases = {i: list(names) for i, names in p.last_read.items()} if release is not None else {}
     start = time.perf_counter()
     sent = received = messages = peak = 0
     copying = waiting = 0.0
-    pending_copies = bool(p.plan.copies)
     local = LocalCopies(p.plan.copies)
-    streaming = streaming and p.budget_bytes is not None
+    streaming = gloo and p.budget_bytes is not None
     i, n = 0, len(p.plan.rounds)
     while i < n:
         window_start, io, works = time.time(), RoundIO(src_buffers, dst_buffers, device, local), []
@@ -332,11 +331,11 @@ def execute(
         while j == i or (streaming and j < n and io.staged_bytes + io.staging_need(p.sends[j], p.recvs[j]) <= p.budget_bytes):
             works.append(post(io, p, j, group))  # zero-copy rounds cost no staging: they run together
             j += 1
-        if pending_copies:  # local copies overlap the first rounds' communication
+        if not local.copied:  # local copies overlap the first rounds' communication
             copy_start = time.perf_counter()
             run_copies(p.plan.copies, src_buffers, dst_buffers, io.packed_rows)
             copying += time.perf_counter() - copy_start
-            pending_copies, local.copied = False, True
+            local.copied = True
             for name in releases.pop(-1, []):
                 release(name)
         wait_start = time.perf_counter()
@@ -358,7 +357,7 @@ def execute(
                           messages=len(round_works), staged_bytes=io.staged_bytes, window=f"{i}-{j - 1}"))
         peak = max(peak, io.staged_bytes)
         i = j
-    if pending_copies:  # a plan without rounds
+    if not local.copied:  # a plan without rounds
         copy_start = time.perf_counter()
         run_copies(p.plan.copies, src_buffers, dst_buffers)
         copying += time.perf_counter() - copy_start
@@ -374,13 +373,14 @@ def execute(
 
 
 class LocalCopies:
-    """A plan's rank-local copies by the source region they read, and whether `run_copies` has run yet."""
+    """A plan's rank-local copies by the source region they read, and whether `run_copies` has run yet (or there is
+    nothing to copy)."""
 
     def __init__(self, copies: list[Transfer]) -> None:
         self.by_region: dict[tuple, Transfer] = {}
         for t in copies:
             self.by_region.setdefault(source_region(t), t)
-        self.copied = False
+        self.copied = not copies
 
 
 def source_region(t: Transfer) -> tuple:
