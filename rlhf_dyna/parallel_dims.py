@@ -13,13 +13,6 @@ from .validate import resolve_dp
 from .vps.spec import ParallelSpec, rollout_spec, train_spec
 
 
-def fsdp_row_dim(cfg: Config) -> int:
-    """The dim FSDP shards row-parallel weights (o_proj, down_proj) on in every engine of the run: 1 (their TP dim) when
-    `parallel.schedule` changes tp, so dp <-> dp x tp switches keep those shards in place; else 0, so their rows land
-    contiguously in vLLM's TP shards and the weight sync unpacks nothing."""
-    return int(any(s.tp != cfg.parallel.train.tp for s in cfg.parallel.schedule))
-
-
 @dataclass(frozen=True)
 class ParallelDims:
     world_size: int
@@ -31,22 +24,20 @@ class ParallelDims:
     rollout_tp: int = 1
     rollout_expert_parallel: bool = False  # vLLM's MoE layers: whole experts over all rollout ranks
     master_weights: bool = False  # low-precision params with an fp32 master copy (the dry run's cluster dtype)
-    fsdp_row_dim: int = 1  # the dim FSDP shards row-parallel weights on: see `fsdp_row_dim`
 
     @classmethod
     def from_config(cls, cfg: Config) -> ParallelDims:
         t, world = cfg.parallel.train, cfg.parallel.world_size
         return cls(world_size=world, dp=resolve_dp(t, world), tp=t.tp, pp=t.pp, cp=t.cp, ep=t.ep,
                    rollout_tp=cfg.rollout.tp, rollout_expert_parallel=cfg.rollout.expert_parallel,
-                   master_weights=cfg.model.dtype != "float32", fsdp_row_dim=fsdp_row_dim(cfg))
+                   master_weights=cfg.model.dtype != "float32")
 
     @property
     def rollout_replicas(self) -> int:
         return self.world_size // self.rollout_tp
 
     def train_spec(self, first_rank: int = 0) -> ParallelSpec:
-        return train_spec(self.dp, self.tp, self.pp, self.cp, self.ep, self.master_weights, first_rank=first_rank,
-                          fsdp_row_dim=self.fsdp_row_dim)
+        return train_spec(self.dp, self.tp, self.pp, self.cp, self.ep, self.master_weights, first_rank=first_rank)
 
     def rollout_spec(self, first_rank: int = 0) -> ParallelSpec:
         return rollout_spec(self.rollout_tp, self.rollout_replicas, first_rank, self.rollout_expert_parallel)

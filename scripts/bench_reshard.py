@@ -95,12 +95,11 @@ SIZES: dict[str, ModelSpec] = {  # parameter counts, untied 32k-token embeddings
 }
 
 
-def random_source(spec: ModelSpec, meshes: MeshCache, adamw_state: bool, fsdp_row_dim: int = 1) -> TrainEngine:
+def random_source(spec: ModelSpec, meshes: MeshCache, adamw_state: bool) -> TrainEngine:
     """dp=world FSDP2 engine with random weights (and AdamW state), built shard by shard (no full model per rank);
-    any arch of `spec` (bench_reshard_moe.py builds Qwen3-MoE sources with it). `fsdp_row_dim`: as a run shards
-    row-parallel weights (parallel_dims.fsdp_row_dim: 0 without tp switches, 1 with them)."""
+    any arch of `spec` (bench_reshard_moe.py builds Qwen3-MoE sources with it)."""
     skeleton = meta_policy(make_hf_config(spec), torch.float32)
-    engine = TrainEngine(skeleton, meshes.get(dist.get_world_size(), 1), lr=1e-4, fsdp_row_dim=fsdp_row_dim)
+    engine = TrainEngine(skeleton, meshes.get(dist.get_world_size(), 1), lr=1e-4)
     engine.model.to_empty(device=engine.device)
     if adamw_state:
         allocate_optimizer_state(engine, torch.tensor(10.0))
@@ -261,18 +260,17 @@ def rank_main(rank: int, world: int, port: int, size: str, transitions: list[str
                  "copy": copy_bandwidth(bw_bytes)}  # context only: floors come from each plan's own pattern
     adamw_state = bool({"dp4_to_dp2tp2", SEARCHED} & set(transitions))
 
-    def make_source(fsdp_row_dim: int = 1) -> TrainEngine:  # the same values every time (seeded per tensor and rank)
-        return random_source(SIZES[size], meshes, adamw_state, fsdp_row_dim)
+    def make_source() -> TrainEngine:  # the same values every time (seeded per tensor and rank)
+        return random_source(SIZES[size], meshes, adamw_state)
 
     report: dict = dict(rank=rank, records=[], floor={}, bandwidth=bandwidth)
     rollout = None
     if "train_to_vllm" in transitions:
-        # the sync of a run without tp switches, whose engines shard row-parallel weights on dim 0
-        records, report["floor"]["train_to_vllm"], rollout = bench_to_vllm(make_source(fsdp_row_dim=0), Path(f"{out}.model"),
-                                                                          ROLLOUT_TP, VPS_REPEATS)
+        records, report["floor"]["train_to_vllm"], rollout = bench_to_vllm(make_source(), Path(f"{out}.model"), ROLLOUT_TP,
+                                                                          VPS_REPEATS)
         report["records"] += records
     if VLLM_LIKE in transitions:
-        records, report["floor"][VLLM_LIKE] = bench_to_vllm_like(make_source(fsdp_row_dim=0), mesh2d)
+        records, report["floor"][VLLM_LIKE] = bench_to_vllm_like(make_source(), mesh2d)
         report["records"] += records
         gc.collect()
     if "dp4_to_dp2tp2" in transitions:

@@ -6,15 +6,12 @@ its floor probes (the plan's pair matrix replayed, vLLM's install from local mem
 (seconds per step of the sync, summed over its layer groups: execute split into copy work and waiting) as each
 phase's max over the ranks (one line's phases may come from different ranks) and for every rank. `--fresh-staging`
 alternates pooled runs with runs whose vLLM staging is allocated fresh every group, as before the staging pool;
-`--pack-order` with runs that send each message as soon as it is packed instead of packing a round's messages first;
-`--row-dim` with runs from an engine that FSDP-shards row-parallel weights on dim 1 (as runs with tp switches do)
-instead of dim 0 (every other run: parallel_dims.fsdp_row_dim).
+`--pack-order` with runs that send each message as soon as it is packed instead of packing a round's messages first.
 With `--cprofile`, rank 0 also profiles one more sync and prints the functions with the most cumulative time. JSON:
 every run, to --out.
 
     PYTHONPATH=$PWD python scripts/profile_vllm_sync.py --size 300m --fresh-staging --repeats 4 --out DIR/profile.json
     PYTHONPATH=$PWD python scripts/profile_vllm_sync.py --size 300m --pack-order --repeats 4 --out DIR/profile.json
-    PYTHONPATH=$PWD python scripts/profile_vllm_sync.py --size 300m --row-dim --repeats 4 --out DIR/profile.json
     PYTHONPATH=$PWD python scripts/profile_vllm_sync.py --size 60m --cprofile
 """
 from __future__ import annotations
@@ -60,18 +57,14 @@ def max_over_ranks(values: dict[str, float]) -> dict[str, float]:
 def rank_main(rank: int, port: int, size: str, repeats: int, budget_bytes: int | None, variants: list[str], cprofile: bool,
               out: str) -> None:
     init_rank(rank, WORLD, port)
-    meshes = MeshCache()
-    engine = random_source(SIZES[size], meshes, adamw_state=False, fsdp_row_dim=0)  # a run without tp switches
+    engine = random_source(SIZES[size], MeshCache(), adamw_state=False)
     model_dir = Path(f"{out}.model")
     rollout = dummy_rollout(engine, model_dir, ROLLOUT_TP)
     budget = {} if budget_bytes is None else {"budget_bytes": budget_bytes}
     syncs = {"pooled": VpsSync(**budget), "fresh_staging": VpsSync(**budget, pool=FreshStagingPool()),
-             "interleaved": VpsSync(**budget, pack_first=False), "row_dim1": VpsSync(**budget)}
-    engines = dict.fromkeys(syncs, engine)
-    if "row_dim1" in variants:  # the same values, row-parallel weights FSDP-sharded on dim 1 (runs with tp switches)
-        engines["row_dim1"] = random_source(SIZES[size], meshes, adamw_state=False, fsdp_row_dim=1)
+             "interleaved": VpsSync(**budget, pack_first=False)}
     for variant in variants:
-        syncs[variant].sync(engines[variant], rollout)  # cold: planning
+        syncs[variant].sync(engine, rollout)  # cold: planning
     vps = syncs["pooled"]
     captured = capture_staged(vps, engine, rollout)
     repack_seconds(captured, engine, rollout, vps.budget_bytes)  # warm-up
@@ -83,7 +76,7 @@ def rank_main(rank: int, port: int, size: str, repeats: int, budget_bytes: int |
         wire = pattern_seconds(pairs)
         dist.barrier()
         sync = syncs[variant]
-        stats = sync.sync(engines[variant], rollout)
+        stats = sync.sync(engine, rollout)
         phases = dict(sync.phases, execute_copy=sync.last.copy_seconds, execute_wait=sync.last.wait_seconds)
         by_rank: list[object] = [None] * WORLD
         dist.all_gather_object(by_rank, phases)
@@ -135,8 +128,6 @@ def main() -> None:
                         "allocated fresh every group (as before the staging pool) with pooled runs")
     parser.add_argument("--pack-order", action="store_true", help="A/B: alternate runs that send each message as "
                         "soon as it is packed (VpsSync(pack_first=False)) with pooled runs (all packed, then sent)")
-    parser.add_argument("--row-dim", action="store_true", help="A/B: alternate runs from an engine that FSDP-shards "
-                        "row-parallel weights on dim 1 with pooled runs (dim 0)")
     parser.add_argument("--cprofile", action="store_true", help="rank 0 profiles one more sync with cProfile")
     parser.add_argument("--out", default="/tmp/profile_vllm_sync.json")
     args = parser.parse_args()
@@ -146,7 +137,6 @@ def main() -> None:
     budget = None if args.budget_mib is None else args.budget_mib << 20
     variants = ["pooled"] + (["fresh_staging"] if args.fresh_staging else [])
     variants += ["interleaved"] if args.pack_order else []
-    variants += ["row_dim1"] if args.row_dim else []
     launch(rank_main, (port, args.size, args.repeats, budget, variants, args.cprofile, args.out), WORLD, port)
 
 

@@ -26,7 +26,6 @@ class TrainLayout:
     ep: int = 1
     zero: int = 3
     master_weights: bool = False
-    fsdp_row_dim: int = 1  # ParallelSpec.fsdp_row_dim
 
     @property
     def inner(self) -> int:
@@ -48,7 +47,7 @@ class PolicyRequest:
 
 def train_spec_on(ranks: RankSet, layout: TrainLayout) -> ParallelSpec:
     return train_spec(ranks.size // layout.inner, layout.tp, layout.pp, layout.cp, layout.ep, layout.master_weights,
-                      first_rank=ranks.first, fsdp_row_dim=layout.fsdp_row_dim)
+                      first_rank=ranks.first)
 
 
 def rollout_spec_on(ranks: RankSet, tp: int) -> ParallelSpec:

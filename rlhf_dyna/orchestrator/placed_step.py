@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from ..config import Config
-from ..parallel_dims import fsdp_row_dim
 from ..elastic.faults import fault_point
 from ..elastic.placement import ACTOR, CRITIC, GENERATE, TRAIN_ACTOR, Change, Placement, RoleSlot, changes
 from ..elastic.world_builder import BuiltWorld, WorldBuilder, mesh_key
@@ -62,7 +61,6 @@ class PlacedTraining:
     tp: int
     rank: int
     recorder: object = None
-    fsdp_row_dim: int = 1  # of the run's engines (parallel_dims.fsdp_row_dim)
     lent: dict[str, TrainEngine] = field(default_factory=dict)  # role -> its engine on this rank's set (members)
     parked: dict[str, ParkedState] = field(default_factory=dict)  # role -> its home state's storages while lent
 
@@ -105,7 +103,7 @@ class PlacedTraining:
         return metrics
 
     def _spec(self, slot: RoleSlot):
-        return rank_set_spec(slot.ranks, self.tp, self.fsdp_row_dim)  # type: ignore[arg-type]
+        return rank_set_spec(slot.ranks, self.tp)  # type: ignore[arg-type]
 
     def train(self, cfg: Config, step: int, batch: dict, actor: TrainEngine, critic: TrainEngine,
               losses: dict[str, object]) -> tuple[dict, dict, dict, dict]:
@@ -149,7 +147,7 @@ def start_placed(cfg: Config, actor: TrainEngine, recorder=None) -> PlacedTraini
     placement = placement_of(cfg)
     home = placement.slot(GENERATE, ACTOR).spec
     builder = WorldBuilder([placement], known={mesh_key(home): actor.mesh}).start()  # type: ignore[arg-type]
-    return PlacedTraining(placement, builder, cfg.parallel.train.tp, dist.get_rank(), recorder, fsdp_row_dim=fsdp_row_dim(cfg))
+    return PlacedTraining(placement, builder, cfg.parallel.train.tp, dist.get_rank(), recorder)
 
 
 def change_share(metrics: dict[str, float], step_seconds: float) -> dict[str, float]:

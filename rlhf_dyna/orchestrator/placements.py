@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..config import Config
-from ..parallel_dims import fsdp_row_dim
 from ..elastic.placement import (
     ACTOR, CRITIC, GENERATE, REFERENCE, ROLES, ROLLOUT, TRAIN_ACTOR, Placement, RankSet, changes, weight_sync,
 )
@@ -38,8 +37,7 @@ def explicit_sets(cfg: Config) -> tuple[tuple[str, RankSet], ...]:
 
 def placement_request(cfg: Config) -> PolicyRequest:
     t, p = cfg.parallel.train, cfg.placement
-    layout = TrainLayout(tp=t.tp, pp=t.pp, cp=t.cp, ep=t.ep, zero=t.zero, master_weights=cfg.model.dtype != "float32",
-                         fsdp_row_dim=fsdp_row_dim(cfg))
+    layout = TrainLayout(tp=t.tp, pp=t.pp, cp=t.cp, ep=t.ep, zero=t.zero, master_weights=cfg.model.dtype != "float32")
     return PolicyRequest(p.policy, cfg.parallel.world_size, run_roles(cfg), layout, cfg.rollout.tp, p.max_staleness,
                          p.rollout_ranks, p.train_ranks, explicit_sets(cfg))
 

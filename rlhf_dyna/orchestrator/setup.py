@@ -17,7 +17,7 @@ from ..tasks.tokenizer import CharTokenizer
 from ..train.copy_shards import copy_local_shards_
 from ..train.engine import TrainEngine, full_state_dict
 from ..train.pipeline_engine import make_engine
-from ..parallel_dims import ParallelDims, fsdp_row_dim
+from ..parallel_dims import ParallelDims
 from ..validate import resolve_dp
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -106,7 +106,7 @@ def engine_settings(cfg: Config, trainable: bool, lr: float | None = None) -> di
     frozen one (the reference)."""
     alg = cfg.algorithm
     common = dict(pp_schedule=cfg.parallel.train.pp_schedule, precision=cfg.trainer.precision,
-                  micro_batch_size=alg.micro_batch_size, zero=cfg.parallel.train.zero, fsdp_row_dim=fsdp_row_dim(cfg))
+                  micro_batch_size=alg.micro_batch_size, zero=cfg.parallel.train.zero)
     if not trainable:
         return {**common, "trainable": False}
     return {**common, "lr": alg.lr if lr is None else lr, "weight_decay": alg.weight_decay, "betas": tuple(alg.betas),

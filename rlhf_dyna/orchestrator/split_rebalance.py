@@ -34,7 +34,6 @@ import torch
 import torch.distributed as dist
 
 from ..config import Config
-from ..parallel_dims import fsdp_row_dim
 from ..elastic.placement import ACTOR, CRITIC, REFERENCE, TRAIN_ACTOR
 from ..elastic.rebalance import Decision, RebalanceRule, Rebalancer, StepTimes, move_seconds, split_candidates
 from ..elastic.world_builder import WorldBuilder, mesh_key
@@ -131,7 +130,7 @@ class SplitRebalance:
     def _spec(self, rollout_ranks: int) -> ParallelSpec:
         """The train set's spec under split `rollout_ranks`."""
         train = self.placements[rollout_ranks].slot(TRAIN_ACTOR, ACTOR).ranks
-        return rank_set_spec(train, self.tp, fsdp_row_dim(self.cfg))  # type: ignore[arg-type]
+        return rank_set_spec(train, self.tp)  # type: ignore[arg-type]
 
     def _plan(self, role: str, src: ParallelSpec, dst: ParallelSpec):
         """This rank's share of a role's move plan, from vps_plans' cache (move_role_state asks for the same key)."""

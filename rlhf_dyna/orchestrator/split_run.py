@@ -23,7 +23,6 @@ from omegaconf import OmegaConf
 
 from ..algos.kl_control import make_kl_controller
 from ..config import Config
-from ..parallel_dims import fsdp_row_dim
 from ..elastic.placement import ACTOR, GENERATE, ROLLOUT, TRAIN_ACTOR, RankSet
 from ..models.build import make_hf_config, save_hf_dir
 from ..rollout.subset_engine import SubsetVLLMRollout
@@ -192,7 +191,7 @@ def run_split(cfg: Config, out_dir: Path, dist_info) -> None:
     if rebalance is not None:  # rank 0 always generates: its engine's start predicts the start of a joining one
         rebalance.model_dir, rebalance.engine_start_s = model_dir, time.perf_counter() - started
     state = SplitState(ranks, actor, None, rollout, SubsetSync(
-        hf_config, rank_set_spec(ranks.train, ranks.train_ctx.tp, fsdp_row_dim(cfg)), ranks.rollout.first,
+        hf_config, rank_set_spec(ranks.train, ranks.train_ctx.tp), ranks.rollout.first,
         ranks.rollout.size))
     tracker = None
     if ranks.rank == 0:

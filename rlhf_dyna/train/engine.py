@@ -64,11 +64,9 @@ class TrainEngine:
         loss_mask_key: str = "response_mask",
         zero: int = 3,
         materialize: Callable[[nn.Module], object] | None = None,
-        fsdp_row_dim: int = 1,
     ) -> None:
         self.mesh = mesh
         self.zero = zero  # ZeRO stage on FSDP2; see parallelize.apply_fsdp for what 1/2/3 mean here
-        self.fsdp_row_dim = fsdp_row_dim  # the dim FSDP shards row-parallel weights on (parallelize.apply_fsdp)
         self.precision = precision
         self.micro_batch_size = micro_batch_size
         self.grad_clip = grad_clip
@@ -76,7 +74,7 @@ class TrainEngine:
         self.device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
         if not trainable:
             model.requires_grad_(False)
-        self.model = parallelize(model, mesh, precision, zero, fsdp_row_dim)
+        self.model = parallelize(model, mesh, precision, zero)
         # a model built on the meta device gets its shards here, after the placements exist, before the optimizer
         self.materialized = materialize(self.model) if materialize is not None else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas,

@@ -74,7 +74,7 @@ def fsdp_shard_dim(layer: nn.Module, dp: int) -> Callable[[nn.Parameter], Shard 
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int = 3,
-               expert_mesh: DeviceMesh | None = None, fsdp_row_dim: int = 1) -> None:
+               expert_mesh: DeviceMesh | None = None) -> None:
     """FSDP2 per decoder layer plus the root; bf16 computes in bf16 on fp32 master params, reduces grads in fp32.
 
     ZeRO stages on FSDP2 (its sharded parameter is the fp32 master shard that AdamW updates):
@@ -87,14 +87,9 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int 
 
     With expert_mesh ("edp" of an EP mesh), each MoE layer's experts (DTensors on "ep") are their own FSDP unit over
     it; their grads, summed over the EP group by the all-to-all's backward and over edp by the reduce-scatter, are
-    divided by the whole dp size, as every other grad is (torchtitan's scheme).
-
-    fsdp_row_dim=1 shards row-parallel weights on their columns where they split evenly (`fsdp_shard_dim`); 0 shards
-    every parameter on dim 0 (ParallelSpec.fsdp_row_dim says the same to the VPS layout)."""
+    divided by the whole dp size, as every other grad is (torchtitan's scheme)."""
     if zero not in ZERO_STAGES:
         raise ValueError(f"zero={zero}; valid: {ZERO_STAGES}")
-    if fsdp_row_dim not in (0, 1):
-        raise ValueError(f"fsdp_row_dim={fsdp_row_dim}; valid: 0, 1")
     if precision == "bf16":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     elif precision == "fp32":
@@ -109,13 +104,13 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int 
             experts.set_gradient_divide_factor(float(dp_mesh.size()))
             experts.set_force_sum_reduction_for_comms(True)  # sum, then divide: gloo has no PREMUL_SUM
         fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas,
-                    shard_placement_fn=fsdp_shard_dim(layer, dp_mesh.size()) if fsdp_row_dim == 1 else None)
+                    shard_placement_fn=fsdp_shard_dim(layer, dp_mesh.size()))
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas)
     if keep_replicas:
         model.set_reshard_after_backward(False)  # recurses: every FSDP module keeps its gathered params
 
 
-def parallelize(model: nn.Module, mesh: DeviceMesh, precision: str, zero: int = 3, fsdp_row_dim: int = 1) -> nn.Module:
+def parallelize(model: nn.Module, mesh: DeviceMesh, precision: str, zero: int = 3) -> nn.Module:
     """EP over mesh["ep"] (an ("edp", "ep", "tp") mesh, train.mesh.build_ep_mesh), TP over mesh["tp"] (if > 1), then
     FSDP2 over mesh["dp"] (experts over mesh["edp"]) at ZeRO stage `zero`; parameters keep their HF names."""
     expert_mesh = None
@@ -124,5 +119,5 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, precision: str, zero: int = 
         expert_mesh = mesh["edp"]
     if mesh["tp"].size() > 1:
         apply_tensor_parallel(model, mesh["tp"])
-    apply_fsdp(model, mesh["dp"], precision, zero, expert_mesh, fsdp_row_dim)
+    apply_fsdp(model, mesh["dp"], precision, zero, expert_mesh)
     return model

@@ -2,7 +2,7 @@
 
 Live state is keyed (HF name, kind) as `relayout.bind_train_state` returns it, after FSDP's replicas are
 dropped, so what is bound is always the sharded state: FSDP2 shards the TP-local tensor over dp (dim 0, or dim 1
-of row-parallel weights: train.parallelize.fsdp_shard_dim, read back here as ParallelSpec.fsdp_row_dim), which is the VPS layout ParallelSpec(TRAIN, dp, tp,
+of row-parallel weights: train.parallelize.fsdp_shard_dim), which is the VPS layout ParallelSpec(TRAIN, dp, tp,
 zero=3) whatever the engine's ZeRO stage (ZeRO-1/2 only add replicas that the engine re-gathers). Each local shard
 (the DTensor's local tensor) becomes the buffer "<name>:<kind>"; its shape is checked against the layout, so a
 model the layout does not describe is refused instead of silently mis-moved.
@@ -19,7 +19,6 @@ from torch.distributed.tensor import DTensor
 
 from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.train.mesh import first_rank_of, is_tp_outer
-from rlhf_dyna.train.parallelize import ROW_PARALLEL
 from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.vps.layout import Layout, build_layout
 from rlhf_dyna.vps.layout_types import Buffer
@@ -87,25 +86,12 @@ def expert_parallel_size(state: Mapping[StateKey, Tensor]) -> int:
     return 1
 
 
-def fsdp_row_dim(state: Mapping[StateKey, Tensor]) -> int:
-    """1 where some row-parallel weight is FSDP-sharded on dim 1 (its dp placement, the first), else 0: without such a
-    weight both settings give the same layout."""
-    for (name, kind), t in state.items():
-        if kind == Kind.PARAM.value and isinstance(t, DTensor) and name.endswith(ROW_PARALLEL):
-            placement = t.placements[0]
-            if placement.is_shard() and placement.dim == 1:
-                return 1
-    return 0
-
-
 def train_spec(state: Mapping[StateKey, Tensor]) -> ParallelSpec:
     dp, tp, tp_outer, first_rank = mesh_order(state)
     pp, pipeline_first = pipeline_order(state)
-    row_dim = fsdp_row_dim(state)
     if pp > 1:  # the stage's own mesh starts at its stage; the layout's ranks start at the pipeline's first
-        return vps_spec.train_spec(dp, tp, pp=pp, first_rank=pipeline_first, fsdp_row_dim=row_dim)
-    return vps_spec.train_spec(dp, tp, ep=expert_parallel_size(state), tp_outer=tp_outer, first_rank=first_rank,
-                               fsdp_row_dim=row_dim)
+        return vps_spec.train_spec(dp, tp, pp=pp, first_rank=pipeline_first)
+    return vps_spec.train_spec(dp, tp, ep=expert_parallel_size(state), tp_outer=tp_outer, first_rank=first_rank)
 
 
 def state_kinds(state: Mapping[StateKey, Tensor]) -> tuple[Kind, ...]:

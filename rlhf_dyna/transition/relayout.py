@@ -153,7 +153,6 @@ def empty_engine_like(old: TrainEngine, layout: TrainLayout, mesh: DeviceMesh, s
         lr=group["lr"], weight_decay=group["weight_decay"], betas=tuple(group["betas"]),
         grad_clip=old.grad_clip, precision=old.precision, micro_batch_size=old.micro_batch_size,
         trainable=old.optimizer is not None, loss_mask_key=old.loss_mask_key, zero=layout.zero,
-        fsdp_row_dim=old.fsdp_row_dim,
     )
     if layout.pp > 1:
         new = PipelineEngine(skeleton, mesh, schedule=layout.pp_schedule, **settings)

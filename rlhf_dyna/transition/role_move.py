@@ -45,15 +45,15 @@ class RoleMoveStats:
     peak_extra_bytes: int  # most bytes of staging buffers alive at once on this rank
 
 
-def set_spec(first_rank: int, size: int, tp: int, fsdp_row_dim: int = 1) -> ParallelSpec:
+def set_spec(first_rank: int, size: int, tp: int) -> ParallelSpec:
     """The VPS spec of an engine whose (dp, tp) mesh covers ranks [first_rank, first_rank + size), TP innermost:
     what `bind_train.train_spec` reads from such an engine's DTensors."""
-    return vps_spec.train_spec(size // tp, tp, first_rank=first_rank, fsdp_row_dim=fsdp_row_dim)
+    return vps_spec.train_spec(size // tp, tp, first_rank=first_rank)
 
 
-def rank_set_spec(ranks: RankSet, tp: int, fsdp_row_dim: int = 1) -> ParallelSpec:
+def rank_set_spec(ranks: RankSet, tp: int) -> ParallelSpec:
     """`set_spec` of an engine on the rank set `ranks`."""
-    return set_spec(ranks.first, ranks.size, tp, fsdp_row_dim)
+    return set_spec(ranks.first, ranks.size, tp)
 
 
 def engine_on(home: TrainEngine, mesh: DeviceMesh) -> TrainEngine:

@@ -71,8 +71,7 @@ def least_moving_layout(engine: TrainEngine, layout: TrainLayout) -> TrainLayout
         return layout  # pipeline and expert meshes have one rank order; without TP both orders are the same
     source = bind_train_state(engine)
     config = engine.model.config
-    # bound state is always the sharded one; the new engine shards row-parallel weights as the old one does
-    spec = ParallelSpec(Phase.TRAIN, dp=layout.dp, tp=layout.tp, zero=3, fsdp_row_dim=engine.fsdp_row_dim)
+    spec = ParallelSpec(Phase.TRAIN, dp=layout.dp, tp=layout.tp, zero=3)  # bound state is always the sharded one
     best = least_moving_order(train_layout(config, source), train_catalog(config, source), spec, state_kinds(source),
                               ranks_per_node())
     return replace(layout, tp_outer=best.tp_outer)

@@ -42,9 +42,6 @@ class ParallelSpec:
     with_grads: bool = False  # grads persist across the transition (rarely: they are transient)
     first_rank: int = 0
     tp_outer: bool = False  # train only: TP outermost within a PP stage instead of innermost
-    # train only: the dim FSDP shards row-parallel weights (o_proj, down_proj) on: 1 (their TP dim, where it splits
-    # evenly: dp <-> dp x tp relayouts keep the column blocks in place) or 0 (rows land contiguously in vLLM's shards)
-    fsdp_row_dim: int = 1
 
     @property
     def world_size(self) -> int:
@@ -75,17 +72,16 @@ class ParallelSpec:
                          ep=self.ep, etp=self.etp, zero=self.zero)
         body = ",".join(f"{k}={v}" for k, v in parts.items() if v != 1 or k in ("zero",))
         order = ",tp_outer" if self.tp_outer else ""
-        rows = ",fsdp_row_dim=0" if self.phase == Phase.TRAIN and self.fsdp_row_dim == 0 else ""
-        return f"{self.phase.value}[{body or 'single'}{order}{rows}]@{self.first_rank}"
+        return f"{self.phase.value}[{body or 'single'}{order}]@{self.first_rank}"
 
 
 def train_spec(dp: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, master_weights: bool = False,
-               tp_outer: bool = False, first_rank: int = 0, fsdp_row_dim: int = 1) -> ParallelSpec:
+               tp_outer: bool = False, first_rank: int = 0) -> ParallelSpec:
     """The training state's layout between steps. zero=3 at every ZeRO stage: FSDP2's sharded parameter (the master shard
     AdamW updates) and the optimizer state stay sharded; zero 1/2 only add gathered replicas, rebuilt after each step and
     never moved."""
     return ParallelSpec(Phase.TRAIN, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=3, master_weights=master_weights,
-                        tp_outer=tp_outer, first_rank=first_rank, fsdp_row_dim=fsdp_row_dim)
+                        tp_outer=tp_outer, first_rank=first_rank)
 
 
 def rollout_spec(tp: int, replicas: int, first_rank: int = 0, expert_parallel: bool = False) -> ParallelSpec:

@@ -3,8 +3,7 @@
 Placement facts mirrored from torch 2.13: DTensor Shard(d) and FSDP2's fully_shard split with
 torch.chunk semantics (ceil-sized chunks, trailing ones short or empty); under TP, FSDP2 shards dim 0
 of the TP-local tensor (placements (_StridedShard(0, sf=tp), Shard(0)) for column-parallel weights), and
-dim 1 of row-parallel weights where it splits evenly ((_StridedShard(1, sf=tp), Shard(1)); dim 0 with
-ParallelSpec.fsdp_row_dim=0). Tied embeddings are
+dim 1 of row-parallel weights where it splits evenly ((_StridedShard(1, sf=tp), Shard(1))). Tied embeddings are
 replicated over tp (one Parameter cannot take two TP styles) and FSDP-sharded on dim 0 like a norm.
 """
 from __future__ import annotations
@@ -99,7 +98,7 @@ def stage_pieces(t: CatalogTensor, stage: np.ndarray, spec: ParallelSpec, sharde
         splits[0] = [("tp", chunk)]
     elif t.role in ROW:
         splits[1] = [("tp", chunk)]
-    if sharded and t.role in ROW and spec.fsdp_row_dim == 1 and row_sharded_on_cols(t.shape[1], spec.tp, stage.shape[1]):
+    if sharded and t.role in ROW and row_sharded_on_cols(t.shape[1], spec.tp, stage.shape[1]):
         splits[1].append(("fsdp", even))
     elif sharded:
         splits[0] = splits.get(0, []) + [("fsdp", chunk)]

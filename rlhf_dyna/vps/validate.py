@@ -62,8 +62,6 @@ def validate_train(spec: ParallelSpec, dims: ModelDims) -> None:
     require_divides("tp", spec.tp, "num_key_value_heads", dims.num_kv_heads)
     if spec.zero not in (0, 1, 2, 3):
         raise SpecError(f"zero={spec.zero} is not a ZeRO stage; valid zero: 0, 1, 2, 3")
-    if spec.fsdp_row_dim not in (0, 1):
-        raise SpecError(f"fsdp_row_dim={spec.fsdp_row_dim}: FSDP shards row-parallel weights on dim 0 or 1; valid: 0, 1")
     if dims.num_experts:
         group = spec.dp * spec.cp * spec.tp
         require_divides("ep*etp", spec.ep * spec.etp, "dp*cp*tp", group)

@@ -38,10 +38,9 @@ def _generate(rollout: VLLMRollout, prompts: list[list[int]]) -> tuple[list[list
 
 
 def _vps_vs_naive(rank: int, world: int, model_dir: str, arch: str, tie: bool, rollout_tp: int,
-                  precision: str = "fp32", fsdp_row_dim: int = 1) -> None:
+                  precision: str = "fp32") -> None:
     spec = tiny_spec(arch, tie)
-    engine = TrainEngine(build_policy(spec, seed=0), build_mesh(world, 1), lr=3e-2, precision=precision,
-                         fsdp_row_dim=fsdp_row_dim)
+    engine = TrainEngine(build_policy(spec, seed=0), build_mesh(world, 1), lr=3e-2, precision=precision)
     if rank == 0:
         save_hf_dir(build_policy(spec, seed=0), build_policy(spec).config, model_dir)
     dist.barrier()
@@ -50,13 +49,11 @@ def _vps_vs_naive(rank: int, world: int, model_dir: str, arch: str, tie: bool, r
     prompts = PROMPTS[rollout.dp_rank :: rollout.dp_size]
     # the live binding and the dry run's config mapping (parallel_dims) name the same two layouts
     live = (train_spec(bind_train_state(engine)), rollout_spec(rollout))
-    assert live == ParallelDims(world_size=world, dp=world, tp=1, rollout_tp=rollout_tp,
-                                fsdp_row_dim=fsdp_row_dim).train_to_rollout(), live
+    assert live == ParallelDims(world_size=world, dp=world, tp=1, rollout_tp=rollout_tp).train_to_rollout(), live
     recorder = TraceRecorder(rank)
     vps = VpsSync(budget_bytes=1 << 10, verify=True, recorder=recorder)  # small budget: several rounds
     rollout_dtype = "bfloat16" if precision == "bf16" else "float32"  # the plan moves destination bytes
-    plan = cached_plan(catalog_from_config(engine.model.config, rollout_dtype, "float32"),
-                       ParallelSpec(dp=world, fsdp_row_dim=fsdp_row_dim),
+    plan = cached_plan(catalog_from_config(engine.model.config, rollout_dtype, "float32"), ParallelSpec(dp=world),
                        ParallelSpec(Phase.ROLLOUT, tp=rollout_tp, vllm_dp=world // rollout_tp), world)
     for step in range(2):  # the second sync reuses the cached plan
         engine.step(random_batch(seed=10 * step + rank, batch=2), nll_loss)
@@ -118,6 +115,5 @@ def test_vps_sync_tied_qwen2_to_two_vllm_replicas_matches_naive(tmp_path: Path) 
 
 @pytest.mark.timeout(240)
 def test_vps_sync_bf16_rollout_from_fp32_masters_matches_naive(tmp_path: Path) -> None:
-    """bf16 compute on fp32 masters, bf16 vLLM: the masters are cast while packing, so half the bytes travel. Row-parallel
-    weights FSDP-sharded on dim 0 (runs without tp switches): their rows land contiguously in vLLM's shards."""
-    run_ranks(_vps_vs_naive, 2, str(tmp_path / "ckpt"), "llama", False, 2, "bf16", 0)
+    """bf16 compute on fp32 masters, bf16 vLLM: the masters are cast while packing, so half the bytes travel."""
+    run_ranks(_vps_vs_naive, 2, str(tmp_path / "ckpt"), "llama", False, 2, "bf16")

@@ -22,7 +22,7 @@ CONFIG = dict(hidden_size=6, intermediate_size=14, num_hidden_layers=2, num_atte
               num_key_value_heads=2, head_dim=6, vocab_size=38)
 
 
-def build(dp: int, tp: int, fsdp: bool, tp_outer: bool, tied: bool, pp: int = 1, fsdp_row_dim: int = 1) -> LlamaForCausalLM:
+def build(dp: int, tp: int, fsdp: bool, tp_outer: bool, tied: bool, pp: int = 1) -> LlamaForCausalLM:
     """The engine's own TP plan and FSDP2 placements (train.parallelize), fp32; with pp, this rank's pipeline stage
     (train.pp_stage: the layers the VPS layout gives it) on the stage's dp slice of a (pp, dp) mesh."""
     torch.manual_seed(0)
@@ -40,7 +40,7 @@ def build(dp: int, tp: int, fsdp: bool, tp_outer: bool, tied: bool, pp: int = 1,
     else:
         dp_mesh = init_device_mesh("cpu", (dp,), mesh_dim_names=("dp",))
     if fsdp:
-        apply_fsdp(model, dp_mesh, precision="fp32", fsdp_row_dim=fsdp_row_dim)
+        apply_fsdp(model, dp_mesh, precision="fp32")
     return model
 
 
@@ -49,10 +49,9 @@ def config(tied: bool, pp: int = 1) -> LlamaConfig:
     return LlamaConfig(**{**CONFIG, "num_hidden_layers": 3 if pp > 1 else 2}, tie_word_embeddings=tied)
 
 
-def check(dp: int, tp: int, fsdp: bool, tp_outer: bool = False, tied: bool = False, pp: int = 1,
-          fsdp_row_dim: int = 1) -> int:
-    model = build(dp, tp, fsdp, tp_outer, tied, pp, fsdp_row_dim)
-    spec = ParallelSpec(dp=dp, tp=tp, pp=pp, zero=3 if fsdp else 0, tp_outer=tp_outer, fsdp_row_dim=fsdp_row_dim)
+def check(dp: int, tp: int, fsdp: bool, tp_outer: bool = False, tied: bool = False, pp: int = 1) -> int:
+    model = build(dp, tp, fsdp, tp_outer, tied, pp)
+    spec = ParallelSpec(dp=dp, tp=tp, pp=pp, zero=3 if fsdp else 0, tp_outer=tp_outer)
     return compare(model, spec, config(tied, pp))
 
 
@@ -123,9 +122,7 @@ CASES = {"fsdp4": (4, 1, True), "fsdp2_tp2": (2, 2, True), "ddp2_tp2": (2, 2, Fa
          "fsdp2_tp2_tied": (2, 2, True, False, True),  # the tied embedding stays whole over tp
          "pp2_fsdp2": (2, 1, True, False, False, 2),  # stages {0, 1} and {2, 3}, layers [0, 2) and [2, 3)
          "pp2_fsdp2_tied": (2, 1, True, False, True, 2),
-         "pp2_tp2": (1, 2, True, False, False, 2),
-         "fsdp4_row_dim0": (4, 1, True, False, False, 1, 0),  # o_proj FSDP-sharded on dim 0 as well
-         "fsdp2_tp2_row_dim0": (2, 2, True, False, False, 1, 0)}  # TP inside each stage: vocab-parallel embedding / lm_head  # embedding on stage 0, its tied lm_head copy on stage 1
+         "pp2_tp2": (1, 2, True, False, False, 2)}  # TP inside each stage: vocab-parallel embedding / lm_head  # embedding on stage 0, its tied lm_head copy on stage 1
 
 
 EP_CASES = {"ep2_fsdp2": (2, 6),  # 3 experts per EP rank, FSDP-chunked 2 / 1 over edp

@@ -25,7 +25,6 @@ def llama():
     (ParallelSpec(pp=81), "pp=81 exceeds num_hidden_layers=80; valid pp: 1..80"),
     (ParallelSpec(pp=2, pp_layers=(40, 39)), "pp_layers=[40, 39] sums to 79"),
     (ParallelSpec(zero=4), "zero=4 is not a ZeRO stage; valid zero: 0, 1, 2, 3"),
-    (ParallelSpec(fsdp_row_dim=2), "fsdp_row_dim=2: FSDP shards row-parallel weights on dim 0 or 1; valid: 0, 1"),
     (ParallelSpec(ep=2), "ep=2, etp=1 on a dense model; valid: ep=1, etp=1"),
     (ParallelSpec(Phase.ROLLOUT, tp=6), "tp=6 does not divide num_attention_heads=64"),
 ])
