@@ -6,8 +6,8 @@ Buffers are this rank's local tensors keyed by the layout's buffer names (flat o
 transfer is a strided view (`as_strided`) at an element offset of one. `prepare` cuts the peer streams into
 messages once per plan (`streams.StreamCutter`, identically on both ends); callers that cache plans cache it.
 On gloo each message is posted the moment it is ready, with its index in its peer stream as tag: receives
-first, then zero-copy sends, then sends that need a pack copy, then the local copies, so copying overlaps what
-is already on the wire; consecutive rounds run together while their staging fits the schedule's budget
+first, then zero-copy sends, then sends that need a pack copy, then the local copies, and each staged receive is
+unpacked as soon as it has arrived, so copying overlaps what is still on the wire; consecutive rounds run together while their staging fits the schedule's budget
 (zero-copy messages need none), so mostly zero-copy rounds do not wait for each other. On NCCL a round is one
 `batch_isend_irecv` (grouped, in the same order on both ends). Sources whose dtype
 differs from the destination's (fp32 masters -> bf16 rollout) are cast while packing, so the wire carries
@@ -164,7 +164,8 @@ class RoundIO:
         self.local = local
         self.arena = STAGING.buffer if device.type == "cpu" else None
         self.staged_bytes = 0
-        self.unpack: list[tuple[Message, Tensor]] = []
+        self.unpack: list[tuple[Message, Tensor, object]] = []  # staged receives: message, buffer, its work (gloo)
+        self.arrived: set[int] = set()  # ids of works `finish` waited for: a gloo work must not be waited twice
         # a region sent to several peers (vLLM's DP replicas) is packed (cast) once, and local copies of it read
         # the packed rows: casting fp32 -> bf16 is most of a sender's CPU time on the CPU
         self.packed: dict[tuple, Tensor] = {}
@@ -237,8 +238,17 @@ class RoundIO:
         if view is not None:
             return view
         buf = self._staging(m.nbytes)
-        self.unpack.append((m, buf))
+        self.unpack.append((m, buf, None))
         return buf
+
+    def receive(self, m: Message, post: Callable[[Tensor], object]) -> object:
+        """`post(buffer)` (an irecv) into the destination slice, or into staging that `finish` unpacks once it arrived."""
+        view = self.landing(m)
+        if view is not None:
+            return post(view)
+        work = post(self.incoming(m))
+        self.unpack[-1] = (m, self.unpack[-1][1], work)
+        return work
 
     def staging_need(self, sends: PeerMessages, recvs: PeerMessages) -> int:
         """Bytes a round would stage: packed or strided sends and receives (zero-copy ones need none)."""
@@ -246,14 +256,23 @@ class RoundIO:
                   if self.direct(m) is None and self.kept_rows(m) is None)
         return out + sum(align(m.nbytes) for msgs in recvs.values() for m in msgs if self.landing(m) is None)
 
-    def finish(self) -> None:
-        start = time.perf_counter()
-        for m, buf in self.unpack:
+    def finish(self) -> float:
+        """Unpack the staged receives, each as soon as it has arrived where it has its own work (gloo: while later
+        ones are still on the wire); returns the seconds spent waiting for them."""
+        waited = 0.0
+        for m, buf, work in self.unpack:
+            if work is not None:
+                wait_start = time.perf_counter()
+                work.wait()
+                waited += time.perf_counter() - wait_start
+                self.arrived.add(id(work))
+            start = time.perf_counter()
             for s, at in zip(m.segments, m.offsets):
                 piece = buf[at:at + s.nbytes].view(TORCH_DTYPES[s.transfer.dtype]).view(s.r1 - s.r0, *region_shape(s.transfer)[1:])
                 dst_view(self.dst, s.transfer)[s.r0:s.r1].copy_(piece)
+            self.copy_seconds += time.perf_counter() - start
         self.unpack.clear()
-        self.copy_seconds += time.perf_counter() - start
+        return waited
 
 
 def post_streaming(io: RoundIO, p: PreparedPlan, i: int, group: dist.ProcessGroup | None,
@@ -262,7 +281,7 @@ def post_streaming(io: RoundIO, p: PreparedPlan, i: int, group: dist.ProcessGrou
     them up whatever order either end posts in. With `pack_first` every message is packed before the first packed
     send is posted: where ranks share cores, casting between sends slowed the exchange (scripts/profile_vllm_sync.py
     --pack-order); otherwise each is sent as soon as it is packed."""
-    works = [dist.irecv(io.incoming(m), peer_rank(group, peer), group, tag=p.recv_tags[i][peer] + k)
+    works = [io.receive(m, partial(dist.irecv, src=peer_rank(group, peer), group=group, tag=p.recv_tags[i][peer] + k))
              for peer, msgs in p.recvs[i].items() for k, m in enumerate(msgs)]
     to_pack = []
     for peer in (peer for peer in p.send_order if peer in p.sends[i]):
@@ -338,11 +357,13 @@ def execute(
             local.copied = True
             for name in releases.pop(-1, []):
                 release(name)
+        waiting += io.finish() if gloo else 0.0  # gloo: unpacks what has arrived while the rest is on the wire
         wait_start = time.perf_counter()
-        for w in (w for round_works in works for w in round_works):
+        for w in (w for round_works in works for w in round_works if id(w) not in io.arrived):
             w.wait()
         waiting += time.perf_counter() - wait_start
-        io.finish()
+        if not gloo:
+            io.finish()  # NCCL: after the grouped call completed
         copying += io.copy_seconds
         if device.type == "cpu":
             STAGING.fit(io.staged_bytes)
