@@ -26,7 +26,7 @@ from rlhf_dyna.rollout.vllm_engine import VLLMRollout
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.transition.bind_train import train_catalog, train_spec
 from rlhf_dyna.transition.bind_vllm import STAGING_POOL, VllmDestination, rollout_dtype, rollout_spec
-from rlhf_dyna.transition.executor import STAGING
+from rlhf_dyna.transition.round_io import STAGING
 from rlhf_dyna.transition.relayout import bind_train_state
 from rlhf_dyna.transition.sync import NaiveSync, WeightSync
 from rlhf_dyna.transition.vllm_install import LayerwiseInstaller

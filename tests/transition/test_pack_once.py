@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from rlhf_dyna.transition.executor import LocalCopies, RoundIO, run_copies
+from rlhf_dyna.transition.round_io import LocalCopies, RoundIO, run_copies
 from rlhf_dyna.transition.streams import Message, Segment, align
 from rlhf_dyna.vps.rank_plan import Transfer
 from rlhf_dyna.vps.tensor import Kind
