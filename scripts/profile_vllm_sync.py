@@ -135,8 +135,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     port = free_port()
     budget = None if args.budget_mib is None else args.budget_mib << 20
-    variants = ["pooled"] + (["fresh_staging"] if args.fresh_staging else [])
-    variants += ["interleaved"] if args.pack_order else []
+    variants = ["pooled"] + (["fresh_staging"] if args.fresh_staging else []) + (["interleaved"] if args.pack_order else [])
     launch(rank_main, (port, args.size, args.repeats, budget, variants, args.cprofile, args.out), WORLD, port)
 
 

@@ -7,8 +7,9 @@ transfer is a strided view (`as_strided`) at an element offset of one. `prepare`
 messages once per plan (`streams.StreamCutter`, identically on both ends); callers that cache plans cache it.
 On gloo each message is posted the moment it is ready, with its index in its peer stream as tag: receives
 first, then zero-copy sends, then sends that need a pack copy, then the local copies, and each staged receive is
-unpacked as soon as it has arrived, so copying overlaps what is still on the wire; consecutive rounds run together while their staging fits the schedule's budget
-(zero-copy messages need none), so mostly zero-copy rounds do not wait for each other. On NCCL a round is one
+unpacked as soon as it has arrived, so copying overlaps what is still on the wire; consecutive rounds run together
+while their staging fits the schedule's budget (zero-copy messages need none), so mostly zero-copy rounds do not
+wait for each other. On NCCL a round is one
 `batch_isend_irecv` (grouped, in the same order on both ends). Sources whose dtype
 differs from the destination's (fp32 masters -> bf16 rollout) are cast while packing, so the wire carries
 destination bytes. A round's staging lives for that round only: the schedule's budget bounds it (plus one row
@@ -214,13 +215,14 @@ def execute(
             local.copied = True
             for name in releases.pop(-1, []):
                 release(name)
-        waiting += io.finish() if gloo else 0.0  # gloo: unpacks what has arrived while the rest is on the wire
+        if gloo:  # unpack what has arrived while the rest is on the wire
+            waiting += io.finish()
         wait_start = time.perf_counter()
         for w in (w for round_works in works for w in round_works if id(w) not in io.arrived):
             w.wait()
         waiting += time.perf_counter() - wait_start
-        if not gloo:
-            io.finish()  # NCCL: after the grouped call completed
+        if not gloo:  # NCCL: once the grouped call completed
+            io.finish()
         copying += io.copy_seconds
         if device.type == "cpu":
             STAGING.fit(io.staged_bytes)

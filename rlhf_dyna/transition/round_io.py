@@ -39,7 +39,7 @@ STAGING = StagingArena()  # one per process: ranks run one transition at a time
 
 
 class RoundIO:
-    """Staging of one round: what to send (packed or direct views) and where to receive (and unpack later)."""
+    """Staging of one round: what to send (packed or direct views) and where to receive (unpacked once arrived)."""
 
     def __init__(self, src: Mapping[str, Tensor], dst: Mapping[str, Tensor], device: torch.device,
                  local: LocalCopies | None = None) -> None:
@@ -117,6 +117,7 @@ class RoundIO:
         return as_bytes(view) if view.is_contiguous() else None
 
     def incoming(self, m: Message) -> Tensor:
+        """NCCL: the receive buffer; staged ones are unpacked by `finish` once the grouped call completed."""
         view = self.landing(m)
         if view is not None:
             return view
@@ -125,12 +126,14 @@ class RoundIO:
         return buf
 
     def receive(self, m: Message, post: Callable[[Tensor], object]) -> object:
-        """`post(buffer)` (an irecv) into the destination slice, or into staging that `finish` unpacks once it arrived."""
+        """gloo: `post(buffer)` (an irecv) into the destination slice, or into staging that `finish` unpacks as soon as
+        this message's work completes."""
         view = self.landing(m)
         if view is not None:
             return post(view)
-        work = post(self.incoming(m))
-        self.unpack[-1] = (m, self.unpack[-1][1], work)
+        buf = self._staging(m.nbytes)
+        work = post(buf)
+        self.unpack.append((m, buf, work))
         return work
 
     def staging_need(self, sends: PeerMessages, recvs: PeerMessages) -> int:
