@@ -49,9 +49,12 @@ def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[f
                      repack_seconds=repack, wire_runs=vps["floors"], repack_runs=repacks, bytes_moved=sum(received),
                      max_rank_bytes=max(received), peak_extra_bytes=None, correct=True)
         for key in ("budget_bytes", "largest_piece_bytes", "tokens_changed", "install_overlapped", "staging_kept_bytes",
-                    "phases", "repack_samples"):
+                    "phases", "repack_samples", "cast_runs"):
             if key in info:
                 floor[key] = info[key]
+        casts = info.get("cast_runs")  # real vLLM rows: the cast of the rank's shard alone, beside the floor
+        if casts:
+            floor["cast_seconds"] = statistics.median(casts)
         rows.append(floor)
         methods = [rec["method"] for rec in per_rank[0]["records"] if rec["transition"] == transition]
         for method in methods:
@@ -61,8 +64,10 @@ def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[f
             runs = [max(run) for run in zip(*(x["seconds"] for x in recs))]  # each run: its slowest rank
             ratios = [t / (f + r) for t, f, r in zip(runs, recs[0]["floors"], recs[0].get("repacks") or repacks)]
             overlapped = [t / max(f, r) for t, f, r in zip(runs, recs[0]["floors"], recs[0].get("repacks") or repacks)]
+            with_cast = {} if not casts or len(runs) != len(casts) else dict(
+                paired_floor_with_cast_ratios=[t / (f + r + c) for t, f, r, c in zip(runs, recs[0]["floors"], repacks, casts)])
             rows.append(dict(size=size, transition=transition, method=method, seconds=statistics.median(runs), seconds_runs=runs,
-                             paired_floor_ratios=ratios, paired_overlap_floor_ratios=overlapped, bytes_moved=total,
+                             paired_floor_ratios=ratios, paired_overlap_floor_ratios=overlapped, **with_cast, bytes_moved=total,
                              max_rank_bytes=None if recs[0].get("bytes_total") or min(got) < 0 else max(got),
                              peak_extra_bytes=max(x["peak_extra_bytes"] for x in recs), correct=all(x["correct"] for x in recs)))
             if method == "checkpoint" and restart is not None:
@@ -77,6 +82,8 @@ def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[f
                 row["x_floor"], row["x_naive"] = row["seconds"] / floor["seconds"], row["seconds"] / naive
                 if row.get("paired_floor_ratios"):
                     row["x_floor"] = statistics.median(row["paired_floor_ratios"])
+                if row.get("paired_floor_with_cast_ratios"):
+                    row["x_floor_with_cast"] = statistics.median(row["paired_floor_with_cast_ratios"])
     return rows
 
 
@@ -154,8 +161,9 @@ def markdown(report: dict) -> str:
             wire = f"{floor['wire_seconds']:.3f}" + (f" + {floor['repack_seconds']:.3f}" if floor["repack_seconds"] else "")
             moved = f"{_mb(vps['bytes_moved'])} / {_mb(naive['bytes_moved'])}"
             ok = "" if all(r["correct"] for r in got.values()) else " **(mismatch)**"
+            cast = f"; {vps['x_floor_with_cast']:.2f}x of floor + cast" if "x_floor_with_cast" in vps else ""
             lines.append(f"| {params[size] / 1e6:.0f}M | {LABELS.get(transition, transition)}{ok} | {wire} | **{vps['seconds']:.3f}** "
-                         f"({vps['x_floor']:.2f}x) | {naive['seconds']:.3f} | {naive['seconds'] / vps['seconds']:.1f}x | "
+                         f"({vps['x_floor']:.2f}x{cast}) | {naive['seconds']:.3f} | {naive['seconds'] / vps['seconds']:.1f}x | "
                          f"{_s(got.get('redistribute'))} | {_s(got.get('checkpoint'))} | {_s(got.get('checkpoint_restart'))} | "
                          f"{moved} | {_mb(vps['peak_extra_bytes'])} |")
     stamp = f"{report.get('date', 'undated')}, {report.get('machine', 'machine unrecorded')}, {report['world']} gloo ranks"

@@ -53,7 +53,7 @@ from rlhf_dyna.transition.relayout import (MeshCache, TrainLayout, allocate_opti
                                            empty_engine_like, meta_skeleton)
 from bench.rollout_target import RolloutTarget
 from rlhf_dyna.transition.vps_mover import least_moving_layout, make_vps_mover, planned_relayout
-from bench.vllm_rows import bench_to_vllm
+from bench.vllm_rows import VLLM_REPEATS, bench_to_vllm
 from bench.vps_targets import move_to_rollout_target, rollout_target_plan
 
 # VPS (planner + executor) moves the same state into the same target: `vps_cold` once, planning included, then `vps`
@@ -267,7 +267,7 @@ def rank_main(rank: int, world: int, port: int, size: str, transitions: list[str
     rollout = None
     if "train_to_vllm" in transitions:
         records, report["floor"]["train_to_vllm"], rollout = bench_to_vllm(make_source(), Path(f"{out}.model"), ROLLOUT_TP,
-                                                                          VPS_REPEATS)
+                                                                          VLLM_REPEATS)
         report["records"] += records
     if VLLM_LIKE in transitions:
         records, report["floor"][VLLM_LIKE] = bench_to_vllm_like(make_source(), mesh2d)

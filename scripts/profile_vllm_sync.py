@@ -6,12 +6,15 @@ its floor probes (the plan's pair matrix replayed, vLLM's install from local mem
 (seconds per step of the sync, summed over its layer groups: execute split into copy work and waiting) as each
 phase's max over the ranks (one line's phases may come from different ranks) and for every rank. `--fresh-staging`
 alternates pooled runs with runs whose vLLM staging is allocated fresh every group, as before the staging pool;
-`--pack-order` with runs that send each message as soon as it is packed instead of packing a round's messages first.
+`--pack-order` with runs that send each message as soon as it is packed instead of packing a round's messages first;
+`--memory-probe` with runs inside bench.measure.PeakExtraMemory, by its sampling thread and by the kernel's
+high-water mark (what the bench's timed runs carry).
 With `--cprofile`, rank 0 also profiles one more sync and prints the functions with the most cumulative time. JSON:
 every run, to --out.
 
     PYTHONPATH=$PWD python scripts/profile_vllm_sync.py --size 300m --fresh-staging --repeats 4 --out DIR/profile.json
     PYTHONPATH=$PWD python scripts/profile_vllm_sync.py --size 300m --pack-order --repeats 4 --out DIR/profile.json
+    PYTHONPATH=$PWD python scripts/profile_vllm_sync.py --size 300m --memory-probe --repeats 5 --out DIR/profile.json
     PYTHONPATH=$PWD python scripts/profile_vllm_sync.py --size 60m --cprofile
 """
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from bench.measure import pattern_seconds
+from bench.measure import PeakExtraMemory, pattern_seconds
 from bench.ranks import init_rank, launch
 from bench.vllm_rows import PROMPTS, capture_staged, dummy_rollout, repack_seconds, whole_plan
 from bench_report import machine
@@ -63,6 +66,8 @@ def rank_main(rank: int, port: int, size: str, repeats: int, budget_bytes: int |
     budget = {} if budget_bytes is None else {"budget_bytes": budget_bytes}
     syncs = {"pooled": VpsSync(**budget), "fresh_staging": VpsSync(**budget, pool=FreshStagingPool()),
              "interleaved": VpsSync(**budget, pack_first=False)}
+    syncs["rss_sampled"] = syncs["rss_high_water"] = syncs["pooled"]  # the same sync, inside a memory probe
+    probes = {"rss_sampled": dict(sampling=True), "rss_high_water": {}}
     for variant in variants:
         syncs[variant].sync(engine, rollout)  # cold: planning
     vps = syncs["pooled"]
@@ -76,7 +81,11 @@ def rank_main(rank: int, port: int, size: str, repeats: int, budget_bytes: int |
         wire = pattern_seconds(pairs)
         dist.barrier()
         sync = syncs[variant]
-        stats = sync.sync(engine, rollout)
+        if variant in probes:
+            with PeakExtraMemory(**probes[variant]):
+                stats = sync.sync(engine, rollout)
+        else:
+            stats = sync.sync(engine, rollout)
         phases = dict(sync.phases, execute_copy=sync.last.copy_seconds, execute_wait=sync.last.wait_seconds)
         by_rank: list[object] = [None] * WORLD
         dist.all_gather_object(by_rank, phases)
@@ -128,6 +137,8 @@ def main() -> None:
                         "allocated fresh every group (as before the staging pool) with pooled runs")
     parser.add_argument("--pack-order", action="store_true", help="A/B: alternate runs that send each message as "
                         "soon as it is packed (VpsSync(pack_first=False)) with pooled runs (all packed, then sent)")
+    parser.add_argument("--memory-probe", action="store_true", help="A/B: alternate bare runs with runs inside "
+                        "PeakExtraMemory, sampled by a thread every 2 ms and read from the kernel's high-water mark")
     parser.add_argument("--cprofile", action="store_true", help="rank 0 profiles one more sync with cProfile")
     parser.add_argument("--out", default="/tmp/profile_vllm_sync.json")
     args = parser.parse_args()
@@ -136,6 +147,7 @@ def main() -> None:
     port = free_port()
     budget = None if args.budget_mib is None else args.budget_mib << 20
     variants = ["pooled"] + (["fresh_staging"] if args.fresh_staging else []) + (["interleaved"] if args.pack_order else [])
+    variants += ["rss_sampled", "rss_high_water"] if args.memory_probe else []
     launch(rank_main, (port, args.size, args.repeats, budget, variants, args.cprofile, args.out), WORLD, port)
 
 

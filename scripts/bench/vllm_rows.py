@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from bench.measure import PeakExtraMemory, pattern_seconds
 from rlhf_dyna.models.catalog import catalog_from_config
@@ -37,6 +38,7 @@ from rlhf_dyna.vps.tensor import Kind
 TRANSITION = "train_to_vllm"
 ROLLOUT_DTYPE = torch.bfloat16  # fp32 masters -> bf16 vLLM, as bf16 recipes run it (vps casts while packing)
 REPACK_PROBES = 2  # installs per repack probe, the best kept
+VLLM_REPEATS = 5  # paired vps runs: each run shares 2 cores with 3 other ranks and varies by about +-10%
 PROMPTS = [[(7 * i + 3) % 97 + 1 for i in range(12)], [5, 9, 3, 44], [17, 2, 44, 8, 30], [60, 1, 7, 7]]
 
 
@@ -98,6 +100,26 @@ def repack_seconds(captured: list[dict], engine: TrainEngine, rollout: VLLMRollo
     return min(repack_samples(captured, engine, rollout, budget_bytes, repeats))
 
 
+class CastProbe:
+    """The fp32 -> bf16 cast of this rank's whole training shard, every rank at once (slowest rank), into buffers
+    allocated once: work a sync into a bf16 engine must do that neither the wire nor vLLM's repack contains. Reported
+    beside the floor, not part of it."""
+
+    def __init__(self, engine: TrainEngine) -> None:
+        params = [t for (_, kind), t in bind_train_state(engine).items() if kind == Kind.PARAM.value]
+        self.shards = [t.to_local() if isinstance(t, DTensor) else t for t in params]
+        self.casts = [torch.empty(s.shape, dtype=ROLLOUT_DTYPE) for s in self.shards]
+
+    def seconds(self) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        for out, shard in zip(self.casts, self.shards):
+            out.copy_(shard)
+        seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        return float(seconds)
+
+
 def dummy_rollout(engine: TrainEngine, model_dir: Path, tp: int, expert_parallel: bool = False) -> VLLMRollout:
     """The in-rank bf16 vLLM engine of the rows (tp x dp over the world) for `engine`'s model, from dummy weights:
     only the config is written (to `model_dir`, by rank 0)."""
@@ -124,12 +146,15 @@ def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int,
     records.append(_record("vps_cold", [seconds], [], moved, rounds, peak, _greedy(rollout) == reference))
     pairs = whole_plan(engine, rollout, vps.budget_bytes).schedule.plan.pair_bytes()
     captured = capture_staged(vps, engine, rollout)
+    cast = CastProbe(engine)
+    cast.seconds()  # warm-up, before the repack's: its buffers are faulted in before any probe counts
     repack_seconds(captured, engine, rollout, vps.budget_bytes)  # warm-up; the captured values must give naive's tokens
     correct = _greedy(rollout) == reference
-    runs, floors, repacks, peaks, samples = [], [], [], [], []
+    runs, floors, repacks, peaks, samples, casts = [], [], [], [], [], []
     for _ in range(repeats):  # each run right after its own floor: repack from local memory, then the wire pattern
         samples.append(repack_samples(captured, engine, rollout, vps.budget_bytes, REPACK_PROBES))
         repacks.append(min(samples[-1]))
+        casts.append(cast.seconds())
         floors.append(pattern_seconds(pairs))
         seconds, moved, rounds, peak = _timed(vps, engine, rollout)
         runs.append(seconds)
@@ -140,13 +165,13 @@ def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int,
     wire = pattern_seconds(pairs)
     seconds, moved, rounds, peak = _timed(VpsSync(overlap_install=True), engine, rollout)
     records.append(_record("vps_overlap", [seconds], [wire], moved, rounds, peak, _greedy(rollout) == reference, [repack]))
-    del captured
+    del captured, cast
     received = [int(x) for x in pairs.sum(axis=0)]
     itemsize = torch.empty((), dtype=ROLLOUT_DTYPE).element_size()
     largest = max(prod(b.shape) * itemsize for b in whole_plan(engine, rollout, vps.budget_bytes).dst.buffers(dist.get_rank()).values())
     floor = dict(received_by_rank=received, budget_bytes=vps.budget_bytes,
                  largest_piece_bytes=largest, tokens_changed=reference != before,
-                 install_overlapped=vps.overlap_install, phases=vps.phases, repack_samples=samples,
+                 install_overlapped=vps.overlap_install, phases=vps.phases, repack_samples=samples, cast_runs=casts,
                  staging_kept_bytes=STAGING_POOL.nbytes + STAGING.nbytes)  # held between syncs, reused by the next
     return records, floor, rollout
 

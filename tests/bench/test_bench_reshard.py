@@ -30,6 +30,11 @@ def test_quick_bench_runs_every_method_and_writes_json_chart_and_table(tmp_path:
     assert all(r["correct"] for r in rows.values()), [k for k, r in rows.items() if not r["correct"]]
     assert rows[("train_to_vllm", "floor")]["tokens_changed"]  # dummy weights -> synced ones: greedy tokens changed
     assert rows[("train_to_vllm", "floor")]["repack_seconds"] > 0
+    # the cast of each rank's shard is probed beside the floor: the ratio to floor + cast is the smaller one
+    assert rows[("train_to_vllm", "floor")]["cast_seconds"] > 0
+    vps_vllm = rows[("train_to_vllm", "vps")]
+    assert len(vps_vllm["paired_floor_with_cast_ratios"]) == len(vps_vllm["paired_floor_ratios"])
+    assert all(c < r for c, r in zip(vps_vllm["paired_floor_with_cast_ratios"], vps_vllm["paired_floor_ratios"]))
     assert all(r["seconds"] > 0 for r in rows.values())
     # dp4 -> tp2 x dp2: a rank needs half the model and holds a quarter; naive receives three quarters of it (in fp32:
     # it gathers before casting, while vps sends the bf16 real vLLM computes in: half the bytes again)
@@ -38,7 +43,7 @@ def test_quick_bench_runs_every_method_and_writes_json_chart_and_table(tmp_path:
         assert 0.6 * share < floor["bytes_moved"] / naive["bytes_moved"] < 1.4 * share, target
     for transition in ("train_to_vllm", "train_to_vllm_like", "dp4_to_dp2tp2", "dp4_to_dp2tp2_searched"):
         assert rows[(transition, "vps")]["bytes_moved"] == rows[(transition, "floor")]["bytes_moved"], transition
-        assert len(rows[(transition, "vps")]["paired_floor_ratios"]) == 3, transition
+        assert len(rows[(transition, "vps")]["paired_floor_ratios"]) == (5 if transition == "train_to_vllm" else 3), transition
         # timings are the benchmark's to report (README); a test only checks that the ratios were measured
         assert all(r > 0 for r in rows[(transition, "vps")]["paired_floor_ratios"]), transition
     # the searched rank order (tp outermost) keeps every column-parallel chunk in place: far fewer bytes move
@@ -50,5 +55,5 @@ def test_quick_bench_runs_every_method_and_writes_json_chart_and_table(tmp_path:
     subprocess.run([sys.executable, str(SCRIPTS / "bench_report.py"), str(tmp_path / "bench_reshard.json"), "--readme",
                     str(readme)], check=True, capture_output=True)
     text = readme.read_text()
-    assert "stale" not in text and "real vLLM" in text and text.startswith("before") and text.endswith("after\n")
+    assert "stale" not in text and "real vLLM" in text and "of floor + cast" in text and text.startswith("before") and text.endswith("after\n")
     assert report["date"] in text
