@@ -62,10 +62,11 @@ def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[f
             got = [x["bytes_received"] for x in recs]
             total = got[0] if recs[0].get("bytes_total") else (sum(got) if min(got) >= 0 else None)
             runs = [max(run) for run in zip(*(x["seconds"] for x in recs))]  # each run: its slowest rank
-            ratios = [t / (f + r) for t, f, r in zip(runs, recs[0]["floors"], recs[0].get("repacks") or repacks)]
-            overlapped = [t / max(f, r) for t, f, r in zip(runs, recs[0]["floors"], recs[0].get("repacks") or repacks)]
+            floors, reps = recs[0]["floors"], recs[0].get("repacks") or repacks
+            ratios = [t / (f + r) for t, f, r in zip(runs, floors, reps)]
+            overlapped = [t / max(f, r) for t, f, r in zip(runs, floors, reps)]
             with_cast = {} if not casts or len(runs) != len(casts) else dict(
-                paired_floor_with_cast_ratios=[t / (f + r + c) for t, f, r, c in zip(runs, recs[0]["floors"], repacks, casts)])
+                paired_floor_with_cast_ratios=[t / (f + r + c) for t, f, r, c in zip(runs, floors, reps, casts)])
             rows.append(dict(size=size, transition=transition, method=method, seconds=statistics.median(runs), seconds_runs=runs,
                              paired_floor_ratios=ratios, paired_overlap_floor_ratios=overlapped, **with_cast, bytes_moved=total,
                              max_rank_bytes=None if recs[0].get("bytes_total") or min(got) < 0 else max(got),

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
-from rlhf_dyna.transition.streams import Message, align, region_shape
+from rlhf_dyna.transition.streams import Message, Segment, align, region_shape
 from rlhf_dyna.transition.views import TORCH_DTYPES, as_bytes, dst_view, src_view
 from rlhf_dyna.vps.rank_plan import Transfer
 
@@ -97,7 +97,7 @@ class RoundIO:
         else:
             buf = self._staging(m.nbytes)
             for s, at in zip(m.segments, m.offsets):
-                piece = buf[at:at + s.nbytes].view(TORCH_DTYPES[s.transfer.dtype]).view(s.r1 - s.r0, *region_shape(s.transfer)[1:])
+                piece = staged_rows(buf, s, at)
                 piece.copy_(src_view(self.src, s.transfer)[s.r0:s.r1])  # casts when the source dtype differs
                 self.packed_rows.setdefault(source_region(s.transfer), []).append((s.r0, s.r1, piece))
         self.packed[key] = buf
@@ -154,8 +154,7 @@ class RoundIO:
                 self.arrived.add(id(work))
             start = time.perf_counter()
             for s, at in zip(m.segments, m.offsets):
-                piece = buf[at:at + s.nbytes].view(TORCH_DTYPES[s.transfer.dtype]).view(s.r1 - s.r0, *region_shape(s.transfer)[1:])
-                dst_view(self.dst, s.transfer)[s.r0:s.r1].copy_(piece)
+                dst_view(self.dst, s.transfer)[s.r0:s.r1].copy_(staged_rows(buf, s, at))
             self.copy_seconds += time.perf_counter() - start
         self.unpack.clear()
         return waited
@@ -170,6 +169,11 @@ class LocalCopies:
         for t in copies:
             self.by_region.setdefault(source_region(t), t)
         self.copied = not copies
+
+
+def staged_rows(buf: Tensor, s: Segment, at: int) -> Tensor:
+    """Segment `s`'s rows inside a staging buffer, at byte offset `at`, in the dtype and shape they travel in."""
+    return buf[at:at + s.nbytes].view(TORCH_DTYPES[s.transfer.dtype]).view(s.r1 - s.r0, *region_shape(s.transfer)[1:])
 
 
 def source_region(t: Transfer) -> tuple:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from bench.measure import PeakExtraMemory, pattern_seconds
 from rlhf_dyna.models.catalog import catalog_from_config
@@ -28,6 +27,7 @@ from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.transition.bind_train import train_catalog, train_spec
 from rlhf_dyna.transition.bind_vllm import STAGING_POOL, VllmDestination, rollout_dtype, rollout_spec
 from rlhf_dyna.transition.round_io import STAGING
+from rlhf_dyna.transition.movers import local_of
 from rlhf_dyna.transition.relayout import bind_train_state
 from rlhf_dyna.transition.sync import NaiveSync, WeightSync
 from rlhf_dyna.transition.vllm_install import LayerwiseInstaller
@@ -38,7 +38,7 @@ from rlhf_dyna.vps.tensor import Kind
 TRANSITION = "train_to_vllm"
 ROLLOUT_DTYPE = torch.bfloat16  # fp32 masters -> bf16 vLLM, as bf16 recipes run it (vps casts while packing)
 REPACK_PROBES = 2  # installs per repack probe, the best kept
-VLLM_REPEATS = 5  # paired vps runs: each run shares 2 cores with 3 other ranks and varies by about +-10%
+VLLM_REPEATS = 5  # paired vps runs: ranks share 2 cores, and runs of one size spread by about +-5%
 PROMPTS = [[(7 * i + 3) % 97 + 1 for i in range(12)], [5, 9, 3, 44], [17, 2, 44, 8, 30], [60, 1, 7, 7]]
 
 
@@ -107,7 +107,7 @@ class CastProbe:
 
     def __init__(self, engine: TrainEngine) -> None:
         params = [t for (_, kind), t in bind_train_state(engine).items() if kind == Kind.PARAM.value]
-        self.shards = [t.to_local() if isinstance(t, DTensor) else t for t in params]
+        self.shards = [local_of(t) for t in params]
         self.casts = [torch.empty(s.shape, dtype=ROLLOUT_DTYPE) for s in self.shards]
 
     def seconds(self) -> float:
