@@ -48,7 +48,7 @@ def summarize(size: str, per_rank: list[dict], restart: tuple[float, list[list[f
         floor = dict(size=size, transition=transition, method="floor", seconds=statistics.median(totals), wire_seconds=wire,
                      repack_seconds=repack, wire_runs=vps["floors"], repack_runs=repacks, bytes_moved=sum(received),
                      max_rank_bytes=max(received), peak_extra_bytes=None, correct=True)
-        for key in ("budget_bytes", "largest_piece_bytes", "tokens_changed", "install_overlapped", "staging_kept_bytes",
+        for key in ("budget_bytes", "largest_piece_bytes", "tokens_changed", "install_overlapped", "relayed", "staging_kept_bytes",
                     "phases", "repack_samples", "cast_runs"):
             if key in info:
                 floor[key] = info[key]

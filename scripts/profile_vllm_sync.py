@@ -7,6 +7,7 @@ its floor probes (the plan's pair matrix replayed, vLLM's install from local mem
 phase's max over the ranks (one line's phases may come from different ranks) and for every rank. `--fresh-staging`
 alternates pooled runs with runs whose vLLM staging is allocated fresh every group, as before the staging pool;
 `--pack-order` with runs that send each message as soon as it is packed instead of packing a round's messages first;
+`--relay` with runs that send to every vLLM replica directly instead of relaying through one;
 `--memory-probe` with runs inside bench.measure.PeakExtraMemory, by its sampling thread and by the kernel's
 high-water mark (what the bench's timed runs carry).
 With `--cprofile`, rank 0 also profiles one more sync and prints the functions with the most cumulative time. JSON:
@@ -35,7 +36,7 @@ import torch.distributed as dist
 
 from bench.measure import PeakExtraMemory, pattern_seconds
 from bench.ranks import init_rank, launch
-from bench.vllm_rows import PROMPTS, capture_staged, dummy_rollout, repack_seconds, whole_plan
+from bench.vllm_rows import PROMPTS, capture_staged, dummy_rollout, repack_seconds
 from bench_report import machine
 from bench_reshard import ROLLOUT_TP, SIZES, WORLD, free_port, random_source
 from rlhf_dyna.transition.relayout import MeshCache
@@ -65,7 +66,7 @@ def rank_main(rank: int, port: int, size: str, repeats: int, budget_bytes: int |
     rollout = dummy_rollout(engine, model_dir, ROLLOUT_TP)
     budget = {} if budget_bytes is None else {"budget_bytes": budget_bytes}
     syncs = {"pooled": VpsSync(**budget), "fresh_staging": VpsSync(**budget, pool=FreshStagingPool()),
-             "interleaved": VpsSync(**budget, pack_first=False)}
+             "interleaved": VpsSync(**budget, pack_first=False), "direct": VpsSync(**budget, relay=False)}
     syncs["rss_sampled"] = syncs["rss_high_water"] = syncs["pooled"]  # the same sync, inside a memory probe
     probes = {"rss_sampled": dict(sampling=True), "rss_high_water": {}}
     for variant in variants:
@@ -73,12 +74,12 @@ def rank_main(rank: int, port: int, size: str, repeats: int, budget_bytes: int |
     vps = syncs["pooled"]
     captured = capture_staged(vps, engine, rollout)
     repack_seconds(captured, engine, rollout, vps.budget_bytes)  # warm-up
-    pairs = whole_plan(engine, rollout, vps.budget_bytes).schedule.plan.pair_bytes()
+    pairs = {variant: syncs[variant].pair_bytes() for variant in variants}  # a relay's two stages, summed
     runs = []
     for i in range(repeats * len(variants)):  # variants alternate, each run right after its own floor probes
         variant = variants[i % len(variants)]
         repack = repack_seconds(captured, engine, rollout, vps.budget_bytes)
-        wire = pattern_seconds(pairs)
+        wire = pattern_seconds(pairs[variant])
         dist.barrier()
         sync = syncs[variant]
         if variant in probes:
@@ -139,6 +140,8 @@ def main() -> None:
                         "soon as it is packed (VpsSync(pack_first=False)) with pooled runs (all packed, then sent)")
     parser.add_argument("--memory-probe", action="store_true", help="A/B: alternate bare runs with runs inside "
                         "PeakExtraMemory, sampled by a thread every 2 ms and read from the kernel's high-water mark")
+    parser.add_argument("--relay", action="store_true", help="A/B: alternate runs sent directly to every vLLM replica "
+                        "(VpsSync(relay=False)) with runs relayed through one replica (the default)")
     parser.add_argument("--cprofile", action="store_true", help="rank 0 profiles one more sync with cProfile")
     parser.add_argument("--out", default="/tmp/profile_vllm_sync.json")
     args = parser.parse_args()
@@ -148,6 +151,7 @@ def main() -> None:
     budget = None if args.budget_mib is None else args.budget_mib << 20
     variants = ["pooled"] + (["fresh_staging"] if args.fresh_staging else []) + (["interleaved"] if args.pack_order else [])
     variants += ["rss_sampled", "rss_high_water"] if args.memory_probe else []
+    variants += ["direct"] if args.relay else []
     launch(rank_main, (port, args.size, args.repeats, budget, variants, args.cprofile, args.out), WORLD, port)
 
 

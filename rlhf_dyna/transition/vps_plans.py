@@ -14,7 +14,8 @@ from rlhf_dyna.vps.cache import model_key
 from rlhf_dyna.vps.layout import Layout, build_layout
 from rlhf_dyna.vps.layout_types import Buffer
 from rlhf_dyna.vps.model import ModelCatalog
-from rlhf_dyna.vps.plan import build_plan
+from rlhf_dyna.vps.plan import Plan, build_plan
+from rlhf_dyna.vps.relay import relay_plans
 from rlhf_dyna.vps.rank_plan import for_rank
 from rlhf_dyna.vps.schedule import Schedule, build_schedule
 from rlhf_dyna.vps.spec import ParallelSpec
@@ -62,7 +63,7 @@ def without_copies(p: PreparedPlan, adopted: Mapping[str, str]) -> PreparedPlan:
     return replace(p, plan=plan, last_read=last_read)
 
 
-_CACHE: dict[tuple, PlannedTransition] = {}
+_CACHE: dict[tuple, object] = {}  # PlannedTransition, or (Layout, stage 1, stage 2) of a relay
 
 
 def ranks_per_node() -> int:
@@ -76,8 +77,26 @@ def planned(src_catalog: ModelCatalog, src_spec: ParallelSpec, dst_catalog: Mode
     if key not in _CACHE:
         src = build_layout(src_catalog, src_spec, kinds)
         dst = build_layout(dst_catalog, dst_spec, kinds)
-        schedule = build_schedule(build_plan(src, dst, ranks_per_node()), budget_bytes)
-        received = [int(b) for b in schedule.plan.pair_bytes().sum(axis=0)]
-        _CACHE[key] = PlannedTransition(src, dst, schedule, prepare(for_rank(schedule, rank), budget_bytes=budget_bytes,
-                                                                    received_by_rank=received))
+        _CACHE[key] = prepared(build_plan(src, dst, ranks_per_node()), budget_bytes, rank)
+    return _CACHE[key]
+
+
+def prepared(plan: Plan, budget_bytes: int, rank: int) -> PlannedTransition:
+    """`plan` scheduled under the budget, and this rank's share of it cut into messages."""
+    schedule = build_schedule(plan, budget_bytes)
+    received = [int(b) for b in schedule.plan.pair_bytes().sum(axis=0)]
+    return PlannedTransition(plan.src, plan.dst, schedule, prepare(for_rank(schedule, rank), budget_bytes=budget_bytes,
+                                                                   received_by_rank=received))
+
+
+def planned_relay(src_catalog: ModelCatalog, src_spec: ParallelSpec, dst_catalog: ModelCatalog, dst_spec: ParallelSpec,
+                  kinds: tuple[Kind, ...], budget_bytes: int, rank: int,
+                  first: frozenset[int]) -> tuple[Layout, PlannedTransition, PlannedTransition]:
+    """The destination's whole layout and the two stages of a move relayed through the `first` ranks (vps.relay)."""
+    key = ("relay", model_key(src_catalog), model_key(dst_catalog), src_spec, dst_spec, kinds, budget_bytes, rank,
+           ranks_per_node(), first)
+    if key not in _CACHE:
+        dst = build_layout(dst_catalog, dst_spec, kinds)
+        stages = relay_plans(build_layout(src_catalog, src_spec, kinds), dst, first, ranks_per_node())
+        _CACHE[key] = (dst, *(prepared(p, budget_bytes, rank) for p in stages))
     return _CACHE[key]

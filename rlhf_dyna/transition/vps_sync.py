@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 import torch.distributed as dist
@@ -28,8 +29,11 @@ from rlhf_dyna.transition.tensor_pool import TensorPool
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.transition.vllm_install import LayerwiseInstaller
-from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, PlannedTransition, planned
+from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, PlannedTransition, planned, planned_relay, ranks_per_node
 from rlhf_dyna.vps.layer_groups import layer_groups, sub_catalog
+from rlhf_dyna.vps.layout import Layout
+from rlhf_dyna.vps.plan import Plan
+from rlhf_dyna.vps.relay import relay_pays, relay_plans, relay_ranks
 from rlhf_dyna.vps.tensor import Kind
 
 
@@ -38,8 +42,9 @@ class VpsSync(WeightSync):
 
     def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES, verify: bool = False,
                  recorder: TraceRecorder | None = None, overlap_install: bool = False,
-                 pool: TensorPool = STAGING_POOL, pack_first: bool = True) -> None:
+                 pool: TensorPool = STAGING_POOL, pack_first: bool = True, relay: bool = True) -> None:
         self.budget_bytes = budget_bytes
+        self.relay = relay  # CPU: relay through one DP replica where that moves no more bytes (vps.relay)
         self.pack_first = pack_first  # gloo: cast every message of a round before sending (executor.post_streaming)
         self.verify = verify  # checksum every received piece against its source (tests)
         self.recorder = recorder  # one trace event per round when set
@@ -90,16 +95,46 @@ class VpsSync(WeightSync):
         src_catalog, dst_catalog = train_catalog(config, params), catalog_from_config(config, rollout_dtype(rollout))
         whole = planned(src_catalog, src_spec, dst_catalog, dst_spec, (Kind.PARAM,), self.budget_bytes, rank)
         destination = VllmDestination(rollout, whole.dst, rank, self.pool)
-        groups = []
+        groups, relay = [], None
         if destination.staged:  # groups of layers of at most budget/8 per rank each (see _grouped)
+            relay = self._relay(whole)
             itemsize = torch.empty((), dtype=TORCH_DTYPES[dst_catalog.param_dtype]).element_size()
             for group in layer_groups(dst_catalog, rollout.tp, itemsize, self.budget_bytes // 8):
                 names = {t.train_buffer for t in group}  # live names: MoE experts are fused in training
-                t = planned(sub_catalog(src_catalog, group), src_spec, sub_catalog(dst_catalog, group), dst_spec,
+                catalogs = (sub_catalog(src_catalog, group), src_spec, sub_catalog(dst_catalog, group), dst_spec,
                             (Kind.PARAM,), self.budget_bytes // 2, rank)
-                groups.append(StagedGroup(t, tuple(k for k in params if k[0] in names)))
-        self._plans_cached = SyncPlans(whole, destination, groups, config, rollout, (param_dtype, src_spec, dst_spec))
+                if relay is None:
+                    t = planned(*catalogs)
+                    dst, stages = t.dst, (t,)
+                else:
+                    dst, *stages = planned_relay(*catalogs, relay[0])
+                groups.append(StagedGroup(tuple(stages), dst, tuple(k for k in params if k[0] in names)))
+        self._plans_cached = SyncPlans(whole, destination, groups, relay[1] if relay else None, config, rollout,
+                                       (param_dtype, src_spec, dst_spec))
         return self._plans_cached
+
+    def _relay(self, whole: PlannedTransition) -> tuple[frozenset[int], tuple[Plan, Plan]] | None:
+        """The first-stage ranks and whole-model stage plans of a relay through one DP replica, where it pays."""
+        if not self.relay:
+            return None
+        ranks = relay_ranks(whole.schedule.plan)
+        if ranks is None:
+            return None
+        stages = relay_plans(whole.src, whole.dst, ranks[0], ranks_per_node())
+        return (ranks[0], stages) if relay_pays(whole.schedule.plan, stages) else None
+
+    @property
+    def relayed(self) -> bool:
+        """Whether the latest plans relay through one DP replica of vLLM (vps.relay)."""
+        return self._plans_cached is not None and self._plans_cached.relay is not None
+
+    def pair_bytes(self) -> np.ndarray:
+        """[world, world] bytes each rank sends each rank in one sync with the latest plans (both relay stages)."""
+        plans = self._plans_cached
+        if plans is None:
+            raise RuntimeError("no sync has run yet: the plans are made by the first")
+        stages = plans.relay or (plans.whole.schedule.plan,)
+        return sum(p.pair_bytes() for p in stages)
 
     def _execute(self, t, src, dst, first_round: int = 0) -> ExecStats:
         return execute(t.rank_plan, src, dst, verify=self.verify, trace=self.recorder, trace_name="train_to_rollout",
@@ -126,12 +161,14 @@ class VpsSync(WeightSync):
                                 self.overlap_install, installed=destination.pool.give) as installer:
             lap("group_install")
             for group in plans.groups:
-                t = group.transition
+                t = group.stages[0]
                 src = bind_train_buffers({k: params[k] for k in group.keys}, t.src, rank, t.src_buffers)
                 lap("group_bind")
-                staged = destination.buffers(t.dst)
+                staged = destination.buffers(group.dst)
                 lap("group_stage")
-                stats.append(self._execute(t, src, staged, first_round=sum(s.rounds for s in stats)))  # one traced sync
+                for t in group.stages:  # relayed: the first ranks assemble, then pass their staging on whole
+                    stats.append(self._execute(t, src, staged, first_round=sum(s.rounds for s in stats)))  # one trace
+                    src = staged
                 lap("group_execute")
                 alive = alive[-1:] + [sum(b.numel() * b.element_size() for b in staged.values())]
                 peak_staged = max(peak_staged, sum(alive) if self.overlap_install else alive[-1])
@@ -146,7 +183,8 @@ class VpsSync(WeightSync):
 
 @dataclass(frozen=True)
 class StagedGroup:
-    transition: PlannedTransition  # of this group's tensors alone
+    stages: tuple[PlannedTransition, ...]  # of this group's tensors alone: the move, or the two stages of a relay
+    dst: Layout  # the group's whole rollout layout: this rank's staging
     keys: tuple[StateKey, ...]  # the live params it reads
 
 
@@ -155,6 +193,7 @@ class SyncPlans:
     whole: PlannedTransition
     destination: VllmDestination
     groups: list[StagedGroup]  # CPU: the layer groups, staged and installed one by one; GPU: none (in place)
+    relay: tuple[Plan, Plan] | None  # the whole model's two stages where the groups are relayed
     config: object  # what the plans were worked out for: the model config, the engine, (param dtype, specs)
     rollout: VLLMRollout
     specs: tuple

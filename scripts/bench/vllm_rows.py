@@ -48,7 +48,7 @@ def _greedy(rollout: VLLMRollout) -> list[list[int]]:
 
 
 def whole_plan(engine: TrainEngine, rollout: VLLMRollout, budget_bytes: int):
-    """The cached plan of the whole move (VpsSync plans it too): its pair matrix is the wire floor's pattern."""
+    """The cached plan of the whole move, sent directly to every rank (VpsSync plans it too): its destination layout."""
     params = {k: t for k, t in bind_train_state(engine).items() if k[1] == Kind.PARAM.value}
     config = engine.model.config
     return planned(train_catalog(config, params), train_spec(params), catalog_from_config(config, rollout_dtype(rollout)),
@@ -144,7 +144,7 @@ def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int,
     vps = VpsSync()
     seconds, moved, rounds, peak = _timed(vps, engine, rollout)
     records.append(_record("vps_cold", [seconds], [], moved, rounds, peak, _greedy(rollout) == reference))
-    pairs = whole_plan(engine, rollout, vps.budget_bytes).schedule.plan.pair_bytes()
+    pairs = vps.pair_bytes()  # what the sync sends: both stages where it relays through one replica
     captured = capture_staged(vps, engine, rollout)
     cast = CastProbe(engine)
     cast.seconds()  # warm-up, before the repack's: its buffers are faulted in before any probe counts
@@ -171,7 +171,7 @@ def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int,
     largest = max(prod(b.shape) * itemsize for b in whole_plan(engine, rollout, vps.budget_bytes).dst.buffers(dist.get_rank()).values())
     floor = dict(received_by_rank=received, budget_bytes=vps.budget_bytes,
                  largest_piece_bytes=largest, tokens_changed=reference != before,
-                 install_overlapped=vps.overlap_install, phases=vps.phases, repack_samples=samples, cast_runs=casts,
+                 install_overlapped=vps.overlap_install, relayed=vps.relayed, phases=vps.phases, repack_samples=samples, cast_runs=casts,
                  staging_kept_bytes=STAGING_POOL.nbytes + STAGING.nbytes)  # held between syncs, reused by the next
     return records, floor, rollout
 

@@ -27,6 +27,7 @@ from rlhf_dyna.parallel_dims import ParallelDims
 from rlhf_dyna.transition.bind_train import train_spec
 from rlhf_dyna.transition.bind_vllm import rollout_spec
 from rlhf_dyna.transition.relayout import bind_train_state
+from rlhf_dyna.vps.relay import RELAY_EXTRA_BYTES
 from rlhf_dyna.vps.spec import ParallelSpec, Phase
 from tests.engines._common import NEW_TOKENS, PROMPTS, hf_greedy, nll_loss, random_batch, tiny_spec
 from tests.engines._dist import run_ranks
@@ -38,7 +39,7 @@ def _generate(rollout: VLLMRollout, prompts: list[list[int]]) -> tuple[list[list
 
 
 def _vps_vs_naive(rank: int, world: int, model_dir: str, arch: str, tie: bool, rollout_tp: int,
-                  precision: str = "fp32") -> None:
+                  precision: str = "fp32", relayed: bool = False) -> None:
     spec = tiny_spec(arch, tie)
     engine = TrainEngine(build_policy(spec, seed=0), build_mesh(world, 1), lr=3e-2, precision=precision)
     if rank == 0:
@@ -65,7 +66,11 @@ def _vps_vs_naive(rank: int, world: int, model_dir: str, arch: str, tie: bool, r
         assert tokens == want_tokens, {"vps": tokens, "naive": want_tokens}
         torch.testing.assert_close(logprobs, want_logprobs, atol=1e-5, rtol=1e-5)
         assert stale != want_tokens, "the trained step did not change greedy tokens: the test cannot tell syncs apart"
-        assert stats.bytes_moved == plan.min_bytes > 0
+        assert stats.bytes_moved == int(vps.pair_bytes().sum())
+        if relayed:  # through one replica: up to 1% more (the second ranks' own slices of norms are sent too)
+            assert vps.relayed and plan.min_bytes < stats.bytes_moved <= plan.min_bytes * (1 + RELAY_EXTRA_BYTES)
+        else:
+            assert not vps.relayed and stats.bytes_moved == plan.min_bytes > 0
         assert stats.rounds == vps.last.rounds >= 1
         assert stats.peak_extra_bytes >= vps.last.peak_extra_bytes
     assert len(recorder.events) == 2 * stats.rounds
@@ -117,3 +122,10 @@ def test_vps_sync_tied_qwen2_to_two_vllm_replicas_matches_naive(tmp_path: Path) 
 def test_vps_sync_bf16_rollout_from_fp32_masters_matches_naive(tmp_path: Path) -> None:
     """bf16 compute on fp32 masters, bf16 vLLM: the masters are cast while packing, so half the bytes travel."""
     run_ranks(_vps_vs_naive, 2, str(tmp_path / "ckpt"), "llama", False, 2, "bf16")
+
+
+@pytest.mark.timeout(300)
+def test_vps_sync_fsdp_dp4_to_vllm_tp2_dp2_relayed_through_one_replica_matches_naive(tmp_path: Path) -> None:
+    """4 ranks, bf16 vLLM tp2 x dp2: ranks 0 and 3 assemble their TP shard (each holds a quarter of it), then pass
+    their staging whole to the other replica's rank (vps.relay); every piece is checksummed against its source."""
+    run_ranks(_vps_vs_naive, 4, str(tmp_path / "ckpt"), "llama", False, 2, "bf16", True)
