@@ -4,7 +4,8 @@ The source is the engine's sharded params (ParallelSpec(TRAIN, dp, tp, zero=3), 
 vLLM's TP-local (fused) parameters (ParallelSpec(ROLLOUT, tp, vllm_dp), see bind_vllm). Plans are cached per
 (model, specs, budget). Bytes moved = the plan's minimum; fp32 masters are cast to vLLM's dtype while packing.
 On the CPU the move runs per group of layers (vps.layer_groups), each installed into vLLM (vllm_install) once it
-has arrived (or, with overlap_install, while the next one is on the wire), so staging never holds the whole shard.
+has arrived (or, with overlap_install, while the next one is on the wire), so staging never holds the whole shard;
+into several DP replicas it is relayed through one of them where that moves at most 1% more (vps.relay).
 """
 from __future__ import annotations
 
