@@ -63,7 +63,8 @@ def without_copies(p: PreparedPlan, adopted: Mapping[str, str]) -> PreparedPlan:
     return replace(p, plan=plan, last_read=last_read)
 
 
-_CACHE: dict[tuple, object] = {}  # PlannedTransition, or (Layout, stage 1, stage 2) of a relay
+_CACHE: dict[tuple, PlannedTransition] = {}
+_RELAY_CACHE: dict[tuple, tuple[Layout, PlannedTransition, PlannedTransition]] = {}
 
 
 def ranks_per_node() -> int:
@@ -93,10 +94,10 @@ def planned_relay(src_catalog: ModelCatalog, src_spec: ParallelSpec, dst_catalog
                   kinds: tuple[Kind, ...], budget_bytes: int, rank: int,
                   first: frozenset[int]) -> tuple[Layout, PlannedTransition, PlannedTransition]:
     """The destination's whole layout and the two stages of a move relayed through the `first` ranks (vps.relay)."""
-    key = ("relay", model_key(src_catalog), model_key(dst_catalog), src_spec, dst_spec, kinds, budget_bytes, rank,
+    key = (model_key(src_catalog), model_key(dst_catalog), src_spec, dst_spec, kinds, budget_bytes, rank,
            ranks_per_node(), first)
-    if key not in _CACHE:
+    if key not in _RELAY_CACHE:
         dst = build_layout(dst_catalog, dst_spec, kinds)
-        stages = relay_plans(build_layout(src_catalog, src_spec, kinds), dst, first, ranks_per_node())
-        _CACHE[key] = (dst, *(prepared(p, budget_bytes, rank) for p in stages))
-    return _CACHE[key]
+        first_stage, second_stage = relay_plans(build_layout(src_catalog, src_spec, kinds), dst, first, ranks_per_node())
+        _RELAY_CACHE[key] = (dst, prepared(first_stage, budget_bytes, rank), prepared(second_stage, budget_bytes, rank))
+    return _RELAY_CACHE[key]

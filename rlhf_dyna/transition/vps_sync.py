@@ -34,7 +34,7 @@ from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, PlannedTransiti
 from rlhf_dyna.vps.layer_groups import layer_groups, sub_catalog
 from rlhf_dyna.vps.layout import Layout
 from rlhf_dyna.vps.plan import Plan
-from rlhf_dyna.vps.relay import relay_pays, relay_plans, relay_ranks
+from rlhf_dyna.vps.relay import chosen_relay
 from rlhf_dyna.vps.tensor import Kind
 
 
@@ -98,7 +98,7 @@ class VpsSync(WeightSync):
         destination = VllmDestination(rollout, whole.dst, rank, self.pool)
         groups, relay = [], None
         if destination.staged:  # groups of layers of at most budget/8 per rank each (see _grouped)
-            relay = self._relay(whole)
+            relay = chosen_relay(whole.schedule.plan, ranks_per_node()) if self.relay else None
             itemsize = torch.empty((), dtype=TORCH_DTYPES[dst_catalog.param_dtype]).element_size()
             for group in layer_groups(dst_catalog, rollout.tp, itemsize, self.budget_bytes // 8):
                 names = {t.train_buffer for t in group}  # live names: MoE experts are fused in training
@@ -113,16 +113,6 @@ class VpsSync(WeightSync):
         self._plans_cached = SyncPlans(whole, destination, groups, relay[1] if relay else None, config, rollout,
                                        (param_dtype, src_spec, dst_spec))
         return self._plans_cached
-
-    def _relay(self, whole: PlannedTransition) -> tuple[frozenset[int], tuple[Plan, Plan]] | None:
-        """The first-stage ranks and whole-model stage plans of a relay through one DP replica, where it pays."""
-        if not self.relay:
-            return None
-        ranks = relay_ranks(whole.schedule.plan)
-        if ranks is None:
-            return None
-        stages = relay_plans(whole.src, whole.dst, ranks[0], ranks_per_node())
-        return (ranks[0], stages) if relay_pays(whole.schedule.plan, stages) else None
 
     @property
     def relayed(self) -> bool:

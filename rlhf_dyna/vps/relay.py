@@ -70,3 +70,12 @@ def relay_pays(direct: Plan, stages: tuple[Plan, Plan]) -> bool:
     moved = sum(s.moved_bytes for s in stages)
     return bool(moved <= direct.moved_bytes * (1 + RELAY_EXTRA_BYTES)
                 and most_received <= direct.pair_bytes().sum(axis=0).max() * (1 + RELAY_EXTRA_BYTES))
+
+
+def chosen_relay(direct: Plan, ranks_per_node: int) -> tuple[frozenset[int], tuple[Plan, Plan]] | None:
+    """The first-stage ranks and both stages of relaying `direct`, where a relay is possible and pays; else None."""
+    ranks = relay_ranks(direct)
+    if ranks is None:
+        return None
+    stages = relay_plans(direct.src, direct.dst, ranks[0], ranks_per_node)
+    return (ranks[0], stages) if relay_pays(direct, stages) else None

@@ -132,8 +132,8 @@ def dummy_rollout(engine: TrainEngine, model_dir: Path, tp: int, expert_parallel
 
 def bench_to_vllm(engine: TrainEngine, model_dir: Path, tp: int, repeats: int,
                   expert_parallel: bool = False) -> tuple[list[dict], dict, VLLMRollout]:
-    """naive_cold and vps_cold once, then `repeats` times: the floor probes, vps, naive (paired with that vps run); then the repack probe and the
-    greedy checks. Records in the shape bench_report.summarize reads; floor info: pair matrix bytes and repack.
+    """naive_cold and vps_cold once, then `repeats` times: the floor probes, vps, naive (paired with that vps run);
+    then the repack probe and the greedy checks. Records in the shape bench_report.summarize reads; floor info: pair matrix bytes and repack.
     The engine is returned alive: its shutdown destroys the default process group, so the caller gathers first."""
     rollout = dummy_rollout(engine, model_dir, tp, expert_parallel)
     before = _greedy(rollout)
