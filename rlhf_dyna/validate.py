@@ -8,13 +8,10 @@ import os
 from pathlib import Path
 
 from .algos.choices import KL_CONTROLLERS, KL_ESTIMATOR_NAMES, LOSS_AGGS
+from .checks.errors import ConfigError
 from .config import Config, LayoutConfig, ModelConfig
 from .validate_algorithm import check_algorithm
 from .validate_moe import MoeConfigError, check_moe_live, is_moe
-
-
-class ConfigError(ValueError):
-    pass
 
 
 CHOICES = {

@@ -1,0 +1,1 @@
+"""Checks of a composed config that run before any rank is spawned, one module per concern."""
