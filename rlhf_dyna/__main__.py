@@ -6,17 +6,16 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from .cli_args import check_overrides
+from .checks import ConfigError
+from .checks.overrides import check_overrides
 from .config import register_configs
-from .validate import ConfigError
+from .job import run_job
 
 register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="pkg://rlhf_dyna.conf", config_name="config")
 def app(dcfg: DictConfig) -> None:
-    from .job import run_job
-
     code = run_job(dcfg)
     if code:
         raise SystemExit(code)

@@ -6,9 +6,13 @@ before any rank is spawned.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from .parallel_layout import LayoutSwitch, ParallelLayout
 
 
 @dataclass
@@ -45,15 +49,10 @@ class LayoutConfig:
 
 
 @dataclass
-class LayoutSwitchConfig:
-    """From `step` on (before it trains), the actor (and critic, reference) train in (dp, tp, zero, pp, ep)."""
+class LayoutSwitchConfig(LayoutConfig):
+    """From `step` on (before it trains), the actor (and critic, reference) train in this layout."""
 
     step: int = 1
-    dp: int = -1  # -1: world_size // (tp * pp)
-    tp: int = 1
-    zero: int = 3
-    pp: int = 1  # pipeline stages of this layout (train.pipeline_engine)
-    ep: int = 1  # expert parallel (MoE) over the dp ranks of this layout (train.expert_parallel)
 
 
 @dataclass
@@ -63,6 +62,20 @@ class ParallelConfig:
     device: str = "auto"  # auto | cpu | cuda
     train: LayoutConfig = field(default_factory=LayoutConfig)
     schedule: list[LayoutSwitchConfig] = field(default_factory=list)  # online training-layout changes
+
+    def train_layout(self, master_weights: bool = False) -> ParallelLayout:
+        """parallel.train over the world, dp resolved and every dimension checked (LayoutError names the number)."""
+        return ParallelLayout.of(self.train, master_weights).fill(self.world_size, placed_on=self._world())
+
+    def layout_schedule(self) -> list[LayoutSwitch]:
+        """parallel.schedule as resolved layouts over the world."""
+        return [LayoutSwitch(s.step, ParallelLayout.of(s).fill(self.world_size, where=f"parallel.schedule[{i}] "
+                                                                                        f"(step {s.step}) ",
+                                                                  placed_on=self._world()))
+                for i, s in enumerate(self.schedule)]
+
+    def _world(self) -> str:
+        return f"parallel.world_size={self.world_size}"
 
 
 @dataclass
@@ -200,3 +213,15 @@ class Config:
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="base_config", node=Config)
+
+
+RESOLVED_CONFIG = "config_resolved.yaml"  # in the run's output directory: what every rank reads
+
+
+def to_config(dcfg: DictConfig) -> Config:
+    return OmegaConf.to_object(dcfg)  # type: ignore[return-value]
+
+
+def load_config(path: Path) -> Config:
+    schema = OmegaConf.structured(Config)
+    return OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.load(path)))  # type: ignore[return-value]

@@ -4,22 +4,21 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .config import Config
+import torch.distributed as dist
+
+from .config import RESOLVED_CONFIG, Config, load_config
+from .launch import init_distributed, shutdown_distributed
+from .orchestrator.loop import run_training
 
 
 def shared_output_dir(out_dir: Path) -> Path:
     """Under torchrun every rank composed its own Hydra output dir (timestamps differ): use rank 0's."""
-    import torch.distributed as dist
-
     holder = [str(out_dir)]
     dist.broadcast_object_list(holder, src=0)
     return Path(holder[0])
 
 
 def run_rank(cfg: Config, out_dir: Path) -> None:
-    from .launch import init_distributed, shutdown_distributed
-    from .orchestrator.loop import run_training
-
     dist_info = init_distributed()
     out_dir = shared_output_dir(out_dir)
     try:
@@ -29,8 +28,6 @@ def run_rank(cfg: Config, out_dir: Path) -> None:
 
 
 def main() -> None:
-    from .job import RESOLVED_CONFIG, load_config
-
     out_dir = Path(sys.argv[1])
     run_rank(load_config(out_dir / RESOLVED_CONFIG), out_dir)
 

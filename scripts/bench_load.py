@@ -76,11 +76,12 @@ def rank_main(rank: int, world: int, port: int, ckpt: str, tp: int, result: str)
 
     from rlhf_dyna.models.build import build_policy
     from rlhf_dyna.models.meta_init import checkpoint_config, checkpoint_loader, meta_policy
+    from rlhf_dyna.parallel_layout import ParallelLayout
     from rlhf_dyna.train.engine import TrainEngine
     from rlhf_dyna.train.mesh import build_mesh
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    mesh = build_mesh(world // tp, tp)
+    mesh = build_mesh(ParallelLayout(world // tp, tp))
     cpu = torch.device("cpu")
     config = checkpoint_config(ckpt)
     sharded, sharded_peak, sharded_s = measured(

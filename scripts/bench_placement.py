@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from rlhf_dyna.elastic.placement import ACTOR, CRITIC, ROLLOUT
-from rlhf_dyna.elastic.policies import PolicyRequest, TrainLayout
+from rlhf_dyna.elastic.policies import PolicyRequest
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.elastic.simulate import PhaseModel, Workload, fit_phase, predict_policies, transition_seconds
 from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.models.hf_config import hf_config_from_fields
@@ -82,7 +83,7 @@ def simulate(measured: dict) -> dict:
     per = {algo: {int(n): t for n, t in runs.items()} for algo, runs in measured.items() if not algo.startswith("_")}
     tiny = workload("ppo (bench model) on 8 GPUs", per["ppo"])
     cluster8 = Cluster(1, 8, 360.0, 25.0)
-    base8 = PolicyRequest("colocate", 8, (ACTOR, CRITIC, ROLLOUT), TrainLayout(master_weights=False))
+    base8 = PolicyRequest("colocate", 8, (ACTOR, CRITIC, ROLLOUT), ParallelLayout(master_weights=False))
     cat = bench_catalog()
     ppo8 = predict_policies(tiny, base8, lambda r: transition_seconds(r, cat, cluster8))
     # grpo_70b: the measured GRPO phase models times (params x tokens ratio) / GPU speedup
@@ -93,7 +94,7 @@ def simulate(measured: dict) -> dict:
     grpo = workload("grpo_70b on 128 GPUs", per.get("grpo", per["ppo"]), scale)  # train_critic unused by GRPO
     grpo = Workload(grpo.name, grpo.generate, grpo.prepare, grpo.train_actor)
     cluster128 = Cluster(16, 8, 360.0, 25.0)
-    base128 = PolicyRequest("colocate", 128, (ACTOR, ROLLOUT), TrainLayout(tp=8, master_weights=True), rollout_tp=8)
+    base128 = PolicyRequest("colocate", 128, (ACTOR, ROLLOUT), ParallelLayout(tp=8, master_weights=True), rollout_tp=8)
     grpo128 = predict_policies(grpo, base128, lambda r: transition_seconds(r, big, cluster128))
     return {"ppo_tiny_8gpu": [pred_row(p) for p in ppo8], "grpo_70b_128gpu": [pred_row(p) for p in grpo128],
             "grpo_70b_scale": scale, "gpu_speedup": GPU_SPEEDUP}

@@ -44,12 +44,13 @@ from bench.ranks import init_rank, launch
 from bench_report import run_stamp, same_fingerprint, summarize, write_report
 from rlhf_dyna.models.build import ModelSpec, make_hf_config
 from rlhf_dyna.models.meta_init import meta_policy
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.train.engine import TrainEngine
 from bench import baselines
 from rlhf_dyna.transition.bind_train import buffer_name
 from bench.measure import PeakExtraMemory, copy_bandwidth, p2p_bandwidth, pattern_seconds
 from rlhf_dyna.transition.movers import MoveStats, local_of, move_by_full_tensors
-from rlhf_dyna.transition.relayout import (MeshCache, TrainLayout, allocate_optimizer_state, bind_train_state,
+from rlhf_dyna.transition.relayout import (MeshCache, allocate_optimizer_state, bind_train_state,
                                            empty_engine_like, meta_skeleton)
 from bench.rollout_target import RolloutTarget
 from rlhf_dyna.transition.vps_mover import least_moving_layout, make_vps_mover, planned_relayout
@@ -64,7 +65,7 @@ VPS_REPEATS = 3
 
 WORLD = 4
 ROLLOUT_TP = 2
-DST_LAYOUT = TrainLayout(dp=2, tp=2, zero=3)
+DST_LAYOUT = ParallelLayout(dp=2, tp=2, zero=3)
 SEARCHED = "dp4_to_dp2tp2_searched"  # the same change in the rank order the VPS plan search picks
 VLLM_LIKE = "train_to_vllm_like"
 TRANSITIONS = ("train_to_vllm", VLLM_LIKE, "dp4_to_dp2tp2", SEARCHED)  # PP rows append here
@@ -99,7 +100,7 @@ def random_source(spec: ModelSpec, meshes: MeshCache, adamw_state: bool) -> Trai
     """dp=world FSDP2 engine with random weights (and AdamW state), built shard by shard (no full model per rank);
     any arch of `spec` (bench_reshard_moe.py builds Qwen3-MoE sources with it)."""
     skeleton = meta_policy(make_hf_config(spec), torch.float32)
-    engine = TrainEngine(skeleton, meshes.get(dist.get_world_size(), 1), lr=1e-4)
+    engine = TrainEngine(skeleton, meshes.get(ParallelLayout(dist.get_world_size(), 1)), lr=1e-4)
     engine.model.to_empty(device=engine.device)
     if adamw_state:
         allocate_optimizer_state(engine, torch.tensor(10.0))
@@ -164,7 +165,7 @@ def _floor(pairs) -> tuple[Probe, dict]:
     return (lambda: pattern_seconds(pairs)), dict(received_by_rank=[int(x) for x in pairs.sum(axis=0)])
 
 
-def _vps_in_place_records(transition: str, make_source: Callable[[], TrainEngine], layout: TrainLayout, mesh,
+def _vps_in_place_records(transition: str, make_source: Callable[[], TrainEngine], layout: ParallelLayout, mesh,
                           destination: dict[object, Tensor], reference: list[float]) -> tuple[list[dict], dict]:
     """vps as relayout runs it: in place, from a fresh source (same values) into a fresh empty engine, both built
     untimed: shards that stay are adopted (never touched here, as in relayout), the rest freed as soon as sent."""
@@ -196,7 +197,7 @@ def _vps_in_place_records(transition: str, make_source: Callable[[], TrainEngine
     return [cold, warm], floor
 
 
-def _train_destination(source_engine: TrainEngine, layout: TrainLayout, mesh) -> tuple[TrainEngine, dict]:
+def _train_destination(source_engine: TrainEngine, layout: ParallelLayout, mesh) -> tuple[TrainEngine, dict]:
     """An empty engine in `layout` with AdamW state, and its bound state."""
     dst_engine = empty_engine_like(source_engine, layout, mesh, meta_skeleton(source_engine.model))
     allocate_optimizer_state(dst_engine, torch.tensor(0.0))
@@ -243,7 +244,7 @@ def bench_searched_order(make_source: Callable[[], TrainEngine], meshes: MeshCac
     of every column-parallel weight), into one destination engine built on that mesh: floor, naive, vps in place."""
     source_engine = make_source()
     layout = least_moving_layout(source_engine, DST_LAYOUT)
-    mesh = meshes.get(layout.dp, layout.tp, layout.tp_outer)
+    mesh = meshes.get(layout)
     source = bind_train_state(source_engine)
     _, destination = _train_destination(source_engine, layout, mesh)
     naive = _run("naive", SEARCHED, lambda: move_by_full_tensors(source, destination), destination, None)
@@ -255,7 +256,7 @@ def bench_searched_order(make_source: Callable[[], TrainEngine], meshes: MeshCac
 def rank_main(rank: int, world: int, port: int, size: str, transitions: list[str], bw_bytes: int, ckpt: str, out: str) -> None:
     init_rank(rank, world, port)
     meshes = MeshCache()
-    mesh2d = meshes.get(DST_LAYOUT.dp, DST_LAYOUT.tp)
+    mesh2d = meshes.get(DST_LAYOUT)
     bandwidth = {"concurrent": p2p_bandwidth(bw_bytes, concurrent=True), "single_pair": p2p_bandwidth(bw_bytes, concurrent=False),
                  "copy": copy_bandwidth(bw_bytes)}  # context only: floors come from each plan's own pattern
     adamw_state = bool({"dp4_to_dp2tp2", SEARCHED} & set(transitions))
@@ -304,7 +305,7 @@ def merge_reports(earlier: list[dict], later: list[dict]) -> list[dict]:
 def restart_worker(size: str, ckpt: str, out: str) -> None:
     """A fresh process of the restarted job: init, build the new layout, load the checkpoint, report its time."""
     restart_load(lambda: TrainEngine(meta_policy(make_hf_config(SIZES[size]), torch.float32),
-                                     MeshCache().get(DST_LAYOUT.dp, DST_LAYOUT.tp), lr=1e-4, zero=DST_LAYOUT.zero),
+                                     MeshCache().get(DST_LAYOUT), lr=1e-4, zero=DST_LAYOUT.zero),
                  ckpt, out)
 
 

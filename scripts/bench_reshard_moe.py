@@ -41,7 +41,7 @@ from rlhf_dyna.vps.model import EXPERT_ROLES, ModelCatalog
 from rlhf_dyna.vps.plan import Plan
 
 WORLD = 4
-ROLLOUT_TP = 4  # vLLM 0.32's CPU MoE layers cannot run DP replicas (validate_moe): one TP group over the world
+ROLLOUT_TP = 4  # vLLM 0.32's CPU MoE layers cannot run DP replicas (checks.moe): one TP group over the world
 REPEATS = 3
 TARGETS = {"train_to_vllm_moe": False, "train_to_vllm_moe_ep": True}  # name -> vLLM's enable_expert_parallel
 LABELS = {"train_to_vllm_moe": "FSDP dp4 -> real vLLM tp4, experts TP-sliced",
@@ -49,7 +49,7 @@ LABELS = {"train_to_vllm_moe": "FSDP dp4 -> real vLLM tp4, experts TP-sliced",
 BEGIN, END = "<!-- bench_reshard_moe:begin -->", "<!-- bench_reshard_moe:end -->"
 
 
-SIZES: dict[str, ModelSpec] = {  # moe_intermediate_size / 4 a multiple of 32: vLLM's CPU kernel (validate_moe)
+SIZES: dict[str, ModelSpec] = {  # moe_intermediate_size / 4 a multiple of 32: vLLM's CPU kernel (checks.moe)
     # bench_reshard_pp.py's tiny_moe but for the (unused: every layer sparse) dense width, 4 x hidden here
     "moe1m": moe_spec(128, 2, 4, 2, experts=8, top_k=2, moe_inter=128, vocab=1024),  # 1.1M
     "moe100m": moe_spec(512, 8, 8, 4, experts=32, top_k=4, moe_inter=256, vocab=32000),  # 140M, 72% of it experts

@@ -31,16 +31,17 @@ from bench_report import run_stamp
 from bench_reshard import SIZES, count_params, fingerprint, free_port, moe_spec, random_source
 from rlhf_dyna.models.build import ModelSpec, make_hf_config
 from rlhf_dyna.models.meta_init import meta_policy
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.train.pipeline_engine import make_engine
 from bench import baselines
 from bench.ranks import init_rank, launch
-from rlhf_dyna.transition.relayout import (MeshCache, TrainLayout, allocate_optimizer_state, bind_train_state,
+from rlhf_dyna.transition.relayout import (MeshCache, allocate_optimizer_state, bind_train_state,
                                            empty_engine_like, meta_skeleton, relayout)
 from rlhf_dyna.transition.vps_mover import make_vps_mover
 
 WORLD = 4
-PP_LAYOUT, EP_LAYOUT = TrainLayout(dp=2, tp=1, pp=2), TrainLayout(dp=4, tp=1, ep=2)
+PP_LAYOUT, EP_LAYOUT = ParallelLayout(dp=2, tp=1, pp=2), ParallelLayout(dp=4, tp=1, ep=2)
 REPEATS = 3  # warm runs (cached plan) after the cold one
 
 
@@ -51,7 +52,7 @@ MOE_SIZES: dict[str, ModelSpec] = {  # every layer sparse, 8 experts (4 per EP r
 ALL_SIZES = {**SIZES, **MOE_SIZES}
 
 
-def row_of(size: str) -> tuple[str, TrainLayout]:
+def row_of(size: str) -> tuple[str, ParallelLayout]:
     """The transition a size is measured on: MoE sizes switch to expert parallel, dense ones to pipeline stages."""
     return ("dp4_to_ep2dp2", EP_LAYOUT) if size in MOE_SIZES else ("dp4_to_pp2dp2", PP_LAYOUT)
 
@@ -77,7 +78,7 @@ def rank_main(rank: int, world: int, port: int, size: str, ckpt: str, out: str) 
     _, layout = row_of(size)
     source_engine = make_source(size, meshes)
     source = bind_train_state(source_engine)
-    probe = empty_engine_like(source_engine, layout, meshes.get(layout.dp, layout.tp, pp=layout.pp, ep=layout.ep),
+    probe = empty_engine_like(source_engine, layout, meshes.get(layout),
                               meta_skeleton(source_engine.model))
     probe.model.to_empty(device=probe.device)
     allocate_optimizer_state(probe, torch.tensor(0.0))
@@ -108,8 +109,7 @@ def rank_main(rank: int, world: int, port: int, size: str, ckpt: str, out: str) 
 def restart_worker(size: str, ckpt: str, out: str) -> None:
     """A fresh process of the restarted job: init, build the destination engine, load the dp4 checkpoint into it."""
     _, layout = row_of(size)
-    bench_reshard.restart_load(lambda: make_engine(skeleton(size), MeshCache().get(layout.dp, layout.tp, pp=layout.pp,
-                                                                                   ep=layout.ep), lr=1e-4), ckpt, out)
+    bench_reshard.restart_load(lambda: make_engine(skeleton(size), MeshCache().get(layout), lr=1e-4), ckpt, out)
 
 
 def time_restart(size: str, ckpt: str, work: Path) -> tuple[float, list[list[float]]]:

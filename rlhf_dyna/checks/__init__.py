@@ -1,1 +1,31 @@
-"""Checks of a composed config that run before any rank is spawned, one module per concern."""
+"""Checks of a composed config that run before any rank is spawned, one module per concern; `check_config` runs them
+all. Every refusal is a ConfigError of one paragraph: what is wrong, and what would be right."""
+from __future__ import annotations
+
+from ..config import Config
+from .algorithm import check_algorithm
+from .data import check_data, check_lengths
+from .errors import ConfigError
+from .layouts import check_layouts, check_runs_live
+from .placement import check_placement_config
+from .resources import check_resources
+from .values import check_choices, check_values
+
+__all__ = ["ConfigError", "check_config"]
+
+
+def check_config(cfg: Config, under_torchrun: bool = False) -> None:
+    check_choices(cfg)
+    check_values(cfg)
+    check_algorithm(cfg)
+    check_layouts(cfg)
+    check_placement_config(cfg)
+    if cfg.dry_run:
+        return
+    check_resources(cfg, under_torchrun)
+    check_runs_live(cfg)
+    try:
+        check_data(cfg)
+    except ValueError as err:  # the data checks raise plain ValueErrors from the task and reward modules
+        raise ConfigError(str(err)) from err
+    check_lengths(cfg)

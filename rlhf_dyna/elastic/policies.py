@@ -1,12 +1,13 @@
 """Placement policies: colocate, split, lend -> a `Placement` for one step (pure).
 
     placement = make_placement(PolicyRequest(policy="split", world_size=8, roles=("actor", "rollout"),
-                                             train=TrainLayout(tp=2), rollout_tp=2))
+                                             train=ParallelLayout(tp=2), rollout_tp=2))
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..parallel_layout import ParallelLayout
 from ..vps.spec import ParallelSpec, rollout_spec, train_spec
 from .placement import (ACTOR, CRITIC, GENERATE, PHASES, PREPARE, REFERENCE, ROLLOUT, TRAIN_ACTOR, TRAIN_CRITIC,
                         Placement, RankSet, RoleSlot, resident)
@@ -17,27 +18,11 @@ TRAINING_ROLES = (ACTOR, CRITIC, REFERENCE)
 
 
 @dataclass(frozen=True)
-class TrainLayout:
-    """Training layout of every training role; dp fills whatever rank set the role gets."""
-
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    zero: int = 3
-    master_weights: bool = False
-
-    @property
-    def inner(self) -> int:
-        return self.tp * self.pp * self.cp
-
-
-@dataclass(frozen=True)
 class PolicyRequest:
     policy: str
     world_size: int
     roles: tuple[str, ...]  # always actor and rollout; critic for PPO; reference when kl_coef > 0
-    train: TrainLayout = TrainLayout()
+    train: ParallelLayout = ParallelLayout()  # every training role's; dp fills the rank set it is given
     rollout_tp: int = 1
     max_staleness: int = 0
     rollout_ranks: int = 0  # split: 0 = half the world
@@ -45,7 +30,7 @@ class PolicyRequest:
     explicit: tuple[tuple[str, RankSet], ...] = ()  # (role, set) pairs from placement.roles
 
 
-def train_spec_on(ranks: RankSet, layout: TrainLayout) -> ParallelSpec:
+def train_spec_on(ranks: RankSet, layout: ParallelLayout) -> ParallelSpec:
     return train_spec(ranks.size // layout.inner, layout.tp, layout.pp, layout.cp, layout.ep, layout.master_weights,
                       first_rank=ranks.first)
 

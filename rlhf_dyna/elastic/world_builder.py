@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from ..parallel_layout import ParallelLayout
 from ..train.mesh import build_mesh
 from ..vps.spec import ParallelSpec, Phase
 from .placement import Placement, RankSet
@@ -90,7 +91,8 @@ class WorldBuilder:
                 for spec in specs:
                     key = mesh_key(spec)
                     if key not in self._mesh_cache:  # shared between placements: built once
-                        self._mesh_cache[key] = build_mesh(spec.dp, spec.tp, spec.tp_outer, spec.first_rank)
+                        layout = ParallelLayout(spec.dp, spec.tp, tp_outer=spec.tp_outer, first_rank=spec.first_rank)
+                        self._mesh_cache[key] = build_mesh(layout)
                     world.meshes[key] = self._mesh_cache[key]
                 for ranks in sets:
                     if ranks not in self._group_cache:

@@ -29,7 +29,7 @@ def sequence_advantages(alg: AlgorithmConfig, rewards: Tensor, n: int) -> Tensor
     raise ValueError(f"{alg.adv_estimator!r} is not a sequence-level estimator; those are {SEQUENCE_LEVEL}")
 
 
-def compute_advantages(cfg: Config, batch: dict, samples: list[Sample], ctx, actor, ref, critic,
+def compute_advantages(cfg: Config, batch: dict, samples: list[Sample], actor, ref, critic,
                        kl_coef: float) -> dict[str, float]:
     """Adds old_logprobs, ref_logprobs, (old_values, returns) and advantages to this rank's batch shard, in place;
     returns advantage (and return) statistics over the whole batch, the same on every rank."""
@@ -38,7 +38,7 @@ def compute_advantages(cfg: Config, batch: dict, samples: list[Sample], ctx, act
     if ref is not None:
         batch["ref_logprobs"] = ref.logprobs(batch["input_ids"], batch["attention_mask"], cfg.rollout.temperature)
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-    mine = lambda per_sample: rank_rows({"x": per_sample}, ctx.dp_rank, ctx.dp, alg.mini_batches)["x"]
+    mine = lambda per_sample: rank_rows({"x": per_sample}, actor.dp_rank, actor.dp_size, alg.mini_batches)["x"]
     if alg.adv_estimator in SEQUENCE_LEVEL:
         advantages = sequence_advantages(alg, rewards, cfg.rollout.n)
         batch["advantages"] = mine(advantages)

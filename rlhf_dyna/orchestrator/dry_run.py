@@ -11,21 +11,22 @@ from ..config import Config
 from ..models.catalog import catalog_from_config
 from ..models.build import make_hf_config
 from ..models.hf_config import hf_config_from_fields
-from ..parallel_dims import ParallelDims
+from ..parallel_layout import RolloutLayout
 from ..tasks.tokenizer import CharTokenizer
 from ..vps.cost import Cluster
 from ..vps.dryrun import Transition, summarize, write_summary
-from .setup import model_source
+from .build import model_source
+from .placements import placement_transitions
 
 
 def recipe_transitions(cfg: Config) -> list[Transition]:
     """Each step moves the trained weights into vLLM's layout (across rank sets under split), then every
-    role-state move the placement implies (reshard/<role>/<from_phase>_to_<to_phase>). The specs come from
-    parallel_dims, the mapping the live binding uses too."""
+    role-state move the placement implies (reshard/<role>/<from_phase>_to_<to_phase>). The specs come from the
+    parallel layouts the live run builds its meshes from."""
     if cfg.placement.policy == "colocate":
-        return [Transition("train_to_rollout", *ParallelDims.from_config(cfg).train_to_rollout())]
-    from .placements import placement_transitions
-
+        layout = cfg.parallel.train_layout(master_weights=cfg.model.dtype != "float32")
+        rollout = RolloutLayout(cfg.parallel.world_size, cfg.rollout.tp, expert_parallel=cfg.rollout.expert_parallel)
+        return [Transition("train_to_rollout", layout.spec(), rollout.spec())]
     return placement_transitions(cfg)
 
 

@@ -1,13 +1,15 @@
-"""Generation, evaluation and supervised warm-up phases of one rank."""
+"""Generation (with scoring), evaluation and the supervised warm-up, on the ranks that serve them.
+
+A rollout layout (parallel_layout.RolloutLayout) says which ranks generate and in which vLLM replica; every rank
+calls `rollouts` (it ends in one all_gather), and only ranks of the layout generate."""
 from __future__ import annotations
 
 import random
 import time
 
-import torch
-import torch.distributed as dist
 
 from ..config import Config
+from ..parallel_layout import RolloutLayout
 from ..tasks.base import BaseTask as Task
 from ..tasks.base import Example
 from ..tasks.hf_tokenizer import HFTokenizer
@@ -16,10 +18,10 @@ from .batch import Sample, gather_samples, pack, shard_rows
 from .objectives import sft_loss
 
 
-def replica_slice(items: list, ctx) -> tuple[int, list]:
+def replica_slice(items: list, layout: RolloutLayout, rank: int) -> tuple[int, list]:
     """The contiguous share of `items` that this rank's rollout replica serves (TP ranks share it)."""
-    per = len(items) // ctx.rollout_replicas
-    start = ctx.rollout_replica * per
+    per = len(items) // layout.replicas
+    start = layout.replica(rank) * per
     return start, items[start : start + per]
 
 
@@ -36,12 +38,12 @@ def reward_part_means(samples: list[Sample]) -> dict[str, float]:
     return {f"reward/{n}/mean": sum(s.reward_parts[n] for s in samples) / len(samples) for n in names}
 
 
-def generate(cfg: Config, rollout, task: Task, tokenizer: Tokenizer, prompts: list[Example], ctx,
-             greedy: bool = False, seed: int | None = None) -> list[Sample]:
+def generate(cfg: Config, rollout, task: Task, tokenizer: Tokenizer, prompts: list[Example], layout: RolloutLayout,
+             rank: int, greedy: bool = False, seed: int | None = None) -> list[Sample]:
     """This replica's prompts, n samples each, scored by the task's reward."""
     r = cfg.rollout
     n = 1 if greedy else r.n
-    start, mine = replica_slice(prompts, ctx)
+    start, mine = replica_slice(prompts, layout, rank)
     ids = [prompt_ids(tokenizer, e) for e in mine]
     outputs = rollout.generate(
         ids, n=n, temperature=0.0 if greedy else r.temperature, top_p=1.0 if greedy else r.top_p,
@@ -57,20 +59,36 @@ def generate(cfg: Config, rollout, task: Task, tokenizer: Tokenizer, prompts: li
                                   finished=bool(response) and response[-1] in stops))
             examples.append(example)
             texts.append(tokenizer.decode(response))
-    rewards, parts = task.score(examples, texts)  # one batch call: user reward fns get lists
-    for j, sample in enumerate(samples):
-        sample.reward = rewards[j]
-        sample.reward_parts = {name: values[j] for name, values in parts.items()}
+    score(task, samples, examples, texts)
     return samples
 
 
-def evaluate(cfg: Config, rollout, task: Task, tokenizer: Tokenizer, ctx, prefix: str = "eval") -> dict[str, float]:
+def score(task: Task, samples: list[Sample], examples: list[Example], texts: list[str]) -> None:
+    """Each sample's reward (and each named reward's part), from one batch call: user reward fns get lists."""
+    rewards, parts = task.score(examples, texts)
+    for j, sample in enumerate(samples):
+        sample.reward = rewards[j]
+        sample.reward_parts = {name: values[j] for name, values in parts.items()}
+
+
+def rollouts(cfg: Config, rollout, task: Task, tokenizer: Tokenizer, prompts: list[Example], layout: RolloutLayout,
+             rank: int, greedy: bool = False, seed: int | None = None) -> tuple[list[Sample], float]:
+    """Collective: the samples of `prompts` on every rank, in prompt order, and this rank's generate seconds (0 off
+    the layout). Ranks of the layout generate and score their replica's share; one all_gather shares them."""
+    t0 = time.perf_counter()
+    local = generate(cfg, rollout, task, tokenizer, prompts, layout, rank, greedy, seed) if layout.holds(rank) else []
+    seconds = time.perf_counter() - t0 if layout.holds(rank) else 0.0
+    samples = sorted(gather_samples(local, layout.is_leader(rank)), key=lambda s: s.prompt_index)
+    return samples, seconds
+
+
+def evaluate(cfg: Config, rollout, task: Task, tokenizer: Tokenizer, layout: RolloutLayout, rank: int,
+             prefix: str = "eval") -> dict[str, float]:
     """Greedy decoding on the held-out set: exact-match accuracy and mean task reward."""
     t0 = time.perf_counter()
     examples = task.eval_set()
-    usable = len(examples) - len(examples) % ctx.rollout_replicas
-    local = generate(cfg, rollout, task, tokenizer, examples[:usable], ctx, greedy=True)
-    samples = sorted(gather_samples(local, ctx.is_rollout_leader), key=lambda s: s.prompt_index)
+    usable = len(examples) - len(examples) % layout.replicas
+    samples, _ = rollouts(cfg, rollout, task, tokenizer, examples[:usable], layout, rank, greedy=True)
     texts = [tokenizer.decode(s.response_ids) for s in samples]
     return {
         f"{prefix}/accuracy": task.eval_accuracy(examples[:usable], texts, [s.reward for s in samples]),
@@ -79,7 +97,7 @@ def evaluate(cfg: Config, rollout, task: Task, tokenizer: Tokenizer, ctx, prefix
     }
 
 
-def supervised_warmup(cfg: Config, actor, task: Task, tokenizer: Tokenizer, ctx) -> dict[str, float]:
+def supervised_warmup(cfg: Config, actor, task: Task, tokenizer: Tokenizer) -> dict[str, float]:
     """Optional short SFT on task demonstrations (loss on the answer tokens only), at trainer.sft_lr."""
     steps = cfg.trainer.sft_warmup_steps
     if steps <= 0:
@@ -93,7 +111,7 @@ def supervised_warmup(cfg: Config, actor, task: Task, tokenizer: Tokenizer, ctx)
     for _ in range(steps):
         examples = task.sft_examples(cfg.trainer.sft_batch_size, rng)  # identical on every rank
         samples = [Sample(i, prompt_ids(tokenizer, e), tokenizer.encode(e.completion)) for i, e in enumerate(examples)]
-        batch = shard_rows(pack(samples, tokenizer.pad_id), ctx.dp_rank, ctx.dp)
+        batch = shard_rows(pack(samples, tokenizer.pad_id), actor.dp_rank, actor.dp_size)
         metrics = actor.step(batch, sft_loss())
     for group, lr in zip(actor.optimizer.param_groups, saved_lrs):
         group["lr"] = lr

@@ -101,12 +101,6 @@ def save_due(trainer, step: int) -> bool:
     return every or (trainer.save_last and step == trainer.total_steps)
 
 
-def resumed_switch(schedule, start: int):
-    """The layout the schedule had reached by step start+1 (the first resumed step), or None when it has no switch."""
-    passed = [s for s in schedule if s.step <= start + 1]
-    return passed[-1].layout if passed else None
-
-
 POLICY_DIR = "policy"
 
 

@@ -1,14 +1,17 @@
-"""The training device mesh: (dp, tp) over a contiguous rank set [first_rank, first_rank + dp * tp) (the whole world
-by default), tp innermost (consecutive ranks share a TP group) or, where a layout change keeps more state in place that
-way, outermost (the same mesh transposed). Every rank of the world calls build_mesh, members or not (group creation
-is collective over the world)."""
+"""The training DeviceMesh of a parallel layout: one builder for every layout (dp x tp in either rank order, on any
+contiguous rank set; pp x dp x tp; expert parallel as edp x ep x tp with the flattened "dp"). Every rank of the world
+calls it, members or not: creating a mesh's process groups is collective over the world."""
 from __future__ import annotations
 
 import os
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
+
+from rlhf_dyna.parallel_layout import ParallelLayout
+
+EP_MESH_DIMS = ("edp", "ep", "tp")
 
 
 def mesh_device_type() -> str:
@@ -19,66 +22,34 @@ def mesh_device_type() -> str:
     return "cuda"
 
 
-def build_mesh(dp: int, tp: int, tp_outer: bool = False, first_rank: int = 0) -> DeviceMesh:
-    """Mesh with dims ("dp", "tp"); tp innermost so a TP group is `tp` consecutive ranks, as in vLLM, or with
-    tp_outer a dp group is `dp` consecutive ranks (rank = first_rank + t * dp + d)."""
+def build_mesh(layout: ParallelLayout) -> DeviceMesh:
+    """The named mesh of `layout` (dp resolved): ("dp", "tp"), ("pp", "dp", "tp"), or ("edp", "ep", "tp") whose
+    ("edp", "ep") flattened is "dp" (non-expert parameters shard over all dp ranks, the experts' shards over edp)."""
     world = dist.get_world_size()
-    if first_rank < 0 or first_rank + dp * tp > world:
-        raise ValueError(f"dp={dp} x tp={tp} ranks from rank {first_rank} do not fit the world of {world} ranks; "
-                         f"valid: first_rank + dp * tp <= {world}")
-    device_type = mesh_device_type()
-    if tp_outer or first_rank or dp * tp != world:
-        return DeviceMesh(device_type, mesh_ranks(dp, tp, tp_outer) + first_rank, mesh_dim_names=("dp", "tp"))
-    return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
-
-
-def mesh_ranks(dp: int, tp: int, tp_outer: bool) -> torch.Tensor:
-    """The (dp, tp) grid of ranks from 0: row-major, or with TP outermost rank = t * dp + d."""
-    return torch.arange(dp * tp).reshape(tp, dp).T if tp_outer else torch.arange(dp * tp).reshape(dp, tp)
-
-
-def first_rank_of(mesh: DeviceMesh) -> int:
-    return int(mesh.mesh.min())
-
-
-def is_tp_outer(mesh: DeviceMesh) -> bool:
-    """Whether a (dp, tp) mesh has TP outermost; any other rank arrangement than the two build_mesh makes is refused."""
-    dp, tp = mesh.shape if mesh.ndim == 2 else (mesh.size(0), 1)
-    ranks = mesh.mesh.reshape(dp, tp) - first_rank_of(mesh)
-    for tp_outer in (False, True):
-        if torch.equal(ranks, mesh_ranks(dp, tp, tp_outer)):
-            return tp_outer
-    raise ValueError(f"mesh {mesh.mesh_dim_names} over ranks {mesh.mesh.tolist()}: expected (dp, tp) in row-major or "
-                     f"TP-outer rank order over a contiguous rank range")
-
-
-def build_pp_mesh(pp: int, dp: int, tp: int = 1) -> DeviceMesh:
-    """Mesh with dims ("pp", "dp", "tp") over the whole world, pp outermost (the VPS train rank order: a stage is
-    dp * tp consecutive ranks), tp innermost."""
-    world = dist.get_world_size()
-    if pp * dp * tp != world:
-        raise ValueError(f"pp={pp} x dp={dp} x tp={tp} = {pp * dp * tp} ranks but the world has {world}; "
-                         f"valid: pp * dp * tp == {world}")
-    device_type = mesh_device_type()
-    return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-
-
-EP_MESH_DIMS = ("edp", "ep", "tp")
-
-
-def build_ep_mesh(dp: int, ep: int, tp: int = 1) -> DeviceMesh:
-    """Mesh with dims ("edp", "ep", "tp") over the whole world (the VPS expert rank order: the dp ranks regrouped as
-    (edp, ep), ep inner, so an EP group is `ep` consecutive ranks), plus "dp" = (edp, ep) flattened: non-expert
-    parameters are FSDP-sharded over all dp ranks, the experts' ep-local shards over edp."""
-    world = dist.get_world_size()
-    if dp * tp != world or ep < 1 or dp % ep:
-        raise ValueError(f"dp={dp} x tp={tp} with ep={ep} on a world of {world} ranks; valid: dp * tp == {world} and "
-                         f"ep dividing dp (ep in {[e for e in range(1, dp + 1) if dp % e == 0]})")
-    device_type = mesh_device_type()
-    mesh = init_device_mesh(device_type, (dp // ep, ep, tp), mesh_dim_names=EP_MESH_DIMS)
-    mesh["edp", "ep"]._flatten("dp")  # registered on the root: mesh["dp"] is then the 1-D data-parallel mesh
+    if layout.dp < 1 or layout.first_rank < 0 or layout.first_rank + layout.size > world:
+        raise ValueError(f"layout {layout.describe()} on ranks from {layout.first_rank} does not fit the world of "
+                         f"{world} ranks; valid: dp resolved and first_rank + dp*tp*pp*cp <= {world}")
+    names, grid = layout.mesh_grid()
+    mesh = DeviceMesh(mesh_device_type(), torch.tensor(grid, dtype=torch.int), mesh_dim_names=names)
+    if names == EP_MESH_DIMS:
+        mesh["edp", "ep"]._flatten("dp")  # registered on the root: mesh["dp"] is then the 1-D data-parallel mesh
     return mesh
 
 
-def is_ep_mesh(mesh: DeviceMesh) -> bool:
-    return tuple(mesh.mesh_dim_names or ()) == EP_MESH_DIMS
+def layout_of_mesh(mesh: DeviceMesh, zero: int = 3, pp_schedule: str = "1F1B") -> ParallelLayout:
+    """The layout a mesh made by `build_mesh` was built from (its rank order read back from the grid)."""
+    names = tuple(mesh.mesh_dim_names or ())
+    first = int(mesh.mesh.min())
+    if "pp" in names:
+        return ParallelLayout(mesh["dp"].size(), mesh["tp"].size(), zero, pp=mesh["pp"].size(),
+                              pp_schedule=pp_schedule, first_rank=first)
+    if names == EP_MESH_DIMS:
+        return ParallelLayout(mesh["dp"].size(), mesh["tp"].size(), zero, ep=mesh["ep"].size(), first_rank=first)
+    dp, tp = mesh.shape if mesh.ndim == 2 else (mesh.size(0), 1)
+    ranks = mesh.mesh.reshape(dp, tp).tolist()
+    for tp_outer in (False, True):
+        layout = ParallelLayout(dp, tp, zero, tp_outer, first_rank=first)
+        if ranks == layout.mesh_grid()[1]:
+            return layout
+    raise ValueError(f"mesh {names} over ranks {mesh.mesh.tolist()}: expected (dp, tp) in row-major or TP-outer rank "
+                     f"order over a contiguous rank range")

@@ -111,7 +111,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int 
 
 
 def parallelize(model: nn.Module, mesh: DeviceMesh, precision: str, zero: int = 3) -> nn.Module:
-    """EP over mesh["ep"] (an ("edp", "ep", "tp") mesh, train.mesh.build_ep_mesh), TP over mesh["tp"] (if > 1), then
+    """EP over mesh["ep"] (an ("edp", "ep", "tp") mesh, train.mesh.build_mesh), TP over mesh["tp"] (if > 1), then
     FSDP2 over mesh["dp"] (experts over mesh["edp"]) at ZeRO stage `zero`; parameters keep their HF names."""
     expert_mesh = None
     if "ep" in (mesh.mesh_dim_names or ()):

@@ -255,7 +255,7 @@ class PipelineEngine(TrainEngine):
 
 
 def make_engine(model: nn.Module, mesh: DeviceMesh, pp_schedule: str = "1F1B", **kwargs) -> TrainEngine:
-    """A PipelineEngine on a ("pp", "dp", "tp") mesh (train.mesh.build_pp_mesh), a TrainEngine on a (dp, tp) one."""
+    """A PipelineEngine on a ("pp", "dp", "tp") mesh (train.mesh.build_mesh), a TrainEngine on a (dp, tp) one."""
     if "pp" in (mesh.mesh_dim_names or ()):
         return PipelineEngine(model, mesh, schedule=pp_schedule, **kwargs)
     return TrainEngine(model, mesh, **kwargs)

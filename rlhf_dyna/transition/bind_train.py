@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from rlhf_dyna.models.catalog import catalog_from_config
-from rlhf_dyna.train.mesh import first_rank_of, is_tp_outer
+from rlhf_dyna.train.mesh import layout_of_mesh
 from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.vps.layout import Layout, build_layout
 from rlhf_dyna.vps.layout_types import Buffer
@@ -55,18 +55,20 @@ def mesh_order(state: Mapping[StateKey, Tensor]) -> tuple[int, int, bool, int]:
 
 @functools.lru_cache(maxsize=32)  # DeviceMesh.mesh rebuilds its tensor (~2 ms a read); a mesh's hash is cached by torch
 def _order_of(mesh: DeviceMesh) -> tuple[int, int, bool, int]:
-    ranks, first = mesh.mesh.flatten().tolist(), first_rank_of(mesh)
+    ranks = mesh.mesh.flatten().tolist()
+    first = min(ranks)
     if mesh.ndim > 2 or sorted(ranks) != list(range(first, first + len(ranks))):
         raise ValueError(f"mesh {mesh.mesh_dim_names} over ranks {ranks}: VPS binding needs a (dp[, tp]) mesh over a "
                          f"contiguous rank range")
     if mesh.ndim == 1:
         return mesh.size(0), 1, False, first
-    return mesh.size(0), mesh.size(1), is_tp_outer(mesh), first
+    layout = layout_of_mesh(mesh)
+    return layout.dp, layout.tp, layout.tp_outer, first
 
 
 def pipeline_order(state: Mapping[StateKey, Tensor]) -> tuple[int, int]:
     """(pp, first rank of the whole pipeline mesh): a pipeline stage's DTensors live on the dp slice of a
-    ("pp", "dp", "tp") mesh (train.mesh.build_pp_mesh); (1, -1) for a state without pipeline stages."""
+    ("pp", "dp", "tp") mesh (train.mesh.build_mesh); (1, -1) for a state without pipeline stages."""
     t = next((t for t in state.values() if isinstance(t, DTensor)), None)
     root = t.device_mesh._get_root_mesh() if t is not None else None
     names = (root.mesh_dim_names or ()) if root is not None else ()
@@ -78,7 +80,7 @@ def pipeline_order(state: Mapping[StateKey, Tensor]) -> tuple[int, int]:
 
 
 def expert_parallel_size(state: Mapping[StateKey, Tensor]) -> int:
-    """ep of the experts' ("edp", "ep") DTensors (train.expert_parallel on train.mesh.build_ep_mesh); 1 without EP."""
+    """ep of the experts' ("edp", "ep") DTensors (train.expert_parallel on train.mesh.build_mesh); 1 without EP."""
     for t in state.values():
         names = (t.device_mesh.mesh_dim_names or ()) if isinstance(t, DTensor) else ()
         if "ep" in names:

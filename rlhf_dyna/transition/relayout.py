@@ -7,8 +7,7 @@ there, behind the same call, in place of the torch-only movers of `transition.mo
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -17,8 +16,9 @@ from torch.distributed.fsdp import FSDPModule
 from transformers import PreTrainedModel
 
 from rlhf_dyna.models.build import ValueModel
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.train.engine import TrainEngine, refresh_fsdp_shards, reshard
-from rlhf_dyna.train.mesh import build_ep_mesh, build_mesh, build_pp_mesh, is_ep_mesh, is_tp_outer
+from rlhf_dyna.train.mesh import build_mesh, layout_of_mesh
 from rlhf_dyna.train.pipeline_engine import PipelineEngine
 from rlhf_dyna.train.pp_stage import StageModule, meta_full_model
 from rlhf_dyna.transition.movers import MoveStats, StateKey, StateMover, move_by_full_tensors
@@ -27,80 +27,31 @@ from rlhf_dyna.transition.trace import TraceRecorder
 OPTIMIZER_KINDS = ("exp_avg", "exp_avg_sq")
 
 
-@dataclass(frozen=True)
-class TrainLayout:
-    dp: int
-    tp: int
-    zero: int = 3  # ZeRO stage as FSDP2 maps it (train.parallelize.apply_fsdp)
-    tp_outer: bool = False  # rank order of the mesh (train.mesh.build_mesh); VPS picks the one that moves less
-    pp: int = 1  # pipeline stages (train.pipeline_engine); pp outermost
-    pp_schedule: str = "1F1B"
-    ep: int = 1  # expert parallel over the dp ranks (train.expert_parallel): the experts sharded over ep, then dp / ep
-
-    def describe(self) -> str:
-        pipeline = f"pp{self.pp}x" if self.pp > 1 else ""
-        experts = f"-ep{self.ep}" if self.ep > 1 else ""
-        return f"{pipeline}dp{self.dp}xtp{self.tp}{experts}-zero{self.zero}" + ("-tp_outer" if self.tp_outer else "")
+def layout_of(engine: TrainEngine) -> ParallelLayout:
+    """The layout an engine trains in, read from its mesh."""
+    schedule = engine.schedule_name if isinstance(engine, PipelineEngine) else "1F1B"
+    return layout_of_mesh(engine.mesh, engine.zero, schedule)
 
 
-@dataclass(frozen=True)
-class LayoutSwitch:
-    """From `step` on (before that step trains) the actor trains in layout (dp, tp, zero, pp, ep)."""
-
-    step: int
-    dp: int
-    tp: int
-    zero: int = 3
-    pp: int = 1
-    pp_schedule: str = "1F1B"
-    ep: int = 1
-
-    @property
-    def layout(self) -> TrainLayout:
-        return TrainLayout(self.dp, self.tp, self.zero, pp=self.pp, pp_schedule=self.pp_schedule, ep=self.ep)
-
-
-def switch_at(schedule: Sequence[LayoutSwitch], step: int) -> TrainLayout | None:
-    """The layout to switch to before `step` trains, or None when the schedule has no switch at `step`."""
-    return next((s.layout for s in schedule if s.step == step), None)
-
-
-def mesh_key(mesh: DeviceMesh) -> tuple[int, int, bool, int, int]:
-    """(dp, tp, tp_outer, pp, ep) of a training mesh made by train.mesh (build_mesh, build_pp_mesh, build_ep_mesh)."""
-    if "pp" in (mesh.mesh_dim_names or ()):
-        return mesh["dp"].size(), mesh["tp"].size(), False, mesh["pp"].size(), 1
-    if is_ep_mesh(mesh):
-        return mesh["dp"].size(), mesh["tp"].size(), False, 1, mesh["ep"].size()
-    return mesh["dp"].size(), mesh["tp"].size(), is_tp_outer(mesh), 1, 1
-
-
-def layout_of(engine: TrainEngine) -> TrainLayout:
-    if isinstance(engine, PipelineEngine):
-        return TrainLayout(engine.dp_size, engine.mesh["tp"].size(), engine.zero, pp=engine.pp_size,
-                           pp_schedule=engine.schedule_name)
-    dp, tp, tp_outer, _, ep = mesh_key(engine.mesh)
-    return TrainLayout(dp, tp, engine.zero, tp_outer, ep=ep)
+def mesh_identity(layout: ParallelLayout) -> tuple:
+    """What makes two layouts share a mesh: its shape and rank order (not the ZeRO stage or the schedule)."""
+    return layout.dp, layout.tp, layout.tp_outer, layout.pp, layout.ep, layout.first_rank
 
 
 class MeshCache:
-    """One DeviceMesh per (dp, tp, rank order, pp, ep): creating process groups is collective and gloo groups hold
-    sockets and threads, so switching back and forth reuses the meshes already built."""
+    """One DeviceMesh per mesh identity: creating process groups is collective and gloo groups hold sockets and
+    threads, so switching back and forth reuses the meshes already built."""
 
     def __init__(self) -> None:
-        self._meshes: dict[tuple[int, int, bool, int, int], DeviceMesh] = {}
+        self._meshes: dict[tuple, DeviceMesh] = {}
 
     def add(self, mesh: DeviceMesh) -> None:
-        self._meshes.setdefault(mesh_key(mesh), mesh)
+        self._meshes.setdefault(mesh_identity(layout_of_mesh(mesh)), mesh)
 
-    def get(self, dp: int, tp: int, tp_outer: bool = False, pp: int = 1, ep: int = 1) -> DeviceMesh:
-        key = (dp, tp, tp_outer, pp, ep)
+    def get(self, layout: ParallelLayout) -> DeviceMesh:
+        key = mesh_identity(layout)
         if key not in self._meshes:
-            if pp > 1:
-                self._meshes[key] = build_pp_mesh(pp, dp, tp)
-            elif ep > 1:
-                self._meshes[key] = build_ep_mesh(dp, ep, tp)
-            else:
-                self._meshes[key] = build_mesh(dp, tp, tp_outer)
+            self._meshes[key] = build_mesh(layout)
         return self._meshes[key]
 
 
@@ -146,7 +97,7 @@ def _optimizer_step(engine: TrainEngine) -> Tensor | None:
     return next((s["step"] for s in engine.optimizer.state.values() if "step" in s), None)
 
 
-def empty_engine_like(old: TrainEngine, layout: TrainLayout, mesh: DeviceMesh, skeleton: nn.Module) -> TrainEngine:
+def empty_engine_like(old: TrainEngine, layout: ParallelLayout, mesh: DeviceMesh, skeleton: nn.Module) -> TrainEngine:
     """`old`'s settings on `layout`, with uninitialised parameters (the mover fills them) and `old`'s buffers."""
     group = old.optimizer.param_groups[0] if old.optimizer is not None else {"lr": 0.0, "weight_decay": 0.0, "betas": (0.9, 0.999)}
     settings = dict(
@@ -181,7 +132,7 @@ def allocate_optimizer_state(engine: TrainEngine, step: Tensor) -> None:
 
 def relayout(
     engine: TrainEngine,
-    layout: TrainLayout,
+    layout: ParallelLayout,
     mover: StateMover = move_by_full_tensors,
     model_factory: Callable[[nn.Module], nn.Module] = meta_skeleton,
     meshes: MeshCache = MESHES,
@@ -191,7 +142,7 @@ def relayout(
     same parameters and AdamW state, and the mover's stats. The old engine is consumed (its state is freed).
     With a recorder, the move is one trace event (a round-level trace is the VPS executor's to record)."""
     meshes.add(engine.mesh)
-    mesh = meshes.get(layout.dp, layout.tp, layout.tp_outer, layout.pp, layout.ep)
+    mesh = meshes.get(layout)
     new = empty_engine_like(engine, layout, mesh, model_factory(engine.model))
     step = _optimizer_step(engine)
     if step is not None:

@@ -17,19 +17,16 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 
-from rlhf_dyna.elastic.placement import RankSet
 from rlhf_dyna.models.build import ValueModel
 from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.models.value_catalog import value_catalog_from_config
 from rlhf_dyna.train.engine import TrainEngine, refresh_fsdp_shards
-from rlhf_dyna.train.mesh import is_tp_outer
+from rlhf_dyna.train.mesh import layout_of_mesh
 from rlhf_dyna.transition.bind_train import DTYPE_NAMES, StateKey, bind_train_buffers
 from rlhf_dyna.transition.executor import execute
-from rlhf_dyna.transition.relayout import (TrainLayout, allocate_optimizer_state, bind_train_state, empty_engine_like,
-                                           meta_skeleton)
+from rlhf_dyna.transition.relayout import allocate_optimizer_state, bind_train_state, empty_engine_like, meta_skeleton
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
-from rlhf_dyna.vps import spec as vps_spec
 from rlhf_dyna.vps.model import ModelCatalog
 from rlhf_dyna.vps.spec import ParallelSpec
 from rlhf_dyna.vps.tensor import Kind
@@ -45,21 +42,10 @@ class RoleMoveStats:
     peak_extra_bytes: int  # most bytes of staging buffers alive at once on this rank
 
 
-def set_spec(first_rank: int, size: int, tp: int) -> ParallelSpec:
-    """The VPS spec of an engine whose (dp, tp) mesh covers ranks [first_rank, first_rank + size), TP innermost:
-    what `bind_train.train_spec` reads from such an engine's DTensors."""
-    return vps_spec.train_spec(size // tp, tp, first_rank=first_rank)
-
-
-def rank_set_spec(ranks: RankSet, tp: int) -> ParallelSpec:
-    """`set_spec` of an engine on the rank set `ranks`."""
-    return set_spec(ranks.first, ranks.size, tp)
-
-
 def engine_on(home: TrainEngine, mesh: DeviceMesh) -> TrainEngine:
     """`home`'s settings (optimizer hyper-parameters, precision, ZeRO stage, buffers) on `mesh`, parameters
     uninitialised: the destination of a move. Only the ranks of `mesh` build it."""
-    layout = TrainLayout(mesh["dp"].size(), mesh["tp"].size(), home.zero, is_tp_outer(mesh))
+    layout = layout_of_mesh(mesh, home.zero)
     return empty_engine_like(home, layout, mesh, meta_skeleton(home.model))
 
 

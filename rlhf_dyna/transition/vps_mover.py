@@ -1,6 +1,6 @@
 """The VPS state mover for `relayout`: train layout -> train layout, parameters and AdamW moments, by plan.
 
-    new_engine, stats = relayout(engine, TrainLayout(dp=2, tp=2), mover=make_vps_mover(engine.model.config))
+    new_engine, stats = relayout(engine, ParallelLayout(dp=2, tp=2), mover=make_vps_mover(engine.model.config))
 
 Same contract as `movers.move_by_full_tensors`: collective, gets (HF name, kind) -> live tensor for the old and the
 new engine (AdamW's `step` is relayout's to copy), fills the destination. Source and destination specs are read
@@ -18,13 +18,14 @@ from dataclasses import replace
 import torch.distributed as dist
 from torch import Tensor
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.train.pipeline_engine import PipelineEngine
 from rlhf_dyna.transition.bind_train import (StateKey, adopt_storage, bind_train_buffers, buffer_name, release_storage,
                                              state_kinds, train_catalog, train_layout, train_spec)
 from rlhf_dyna.transition.executor import execute
 from rlhf_dyna.transition.movers import MoveStats, StateMover
-from rlhf_dyna.transition.relayout import TrainLayout, bind_train_state
+from rlhf_dyna.transition.relayout import bind_train_state
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, PlannedTransition, planned, ranks_per_node
 from rlhf_dyna.vps.rank_order import least_moving_order
@@ -64,7 +65,7 @@ def make_vps_mover(hf_config: object, budget_bytes: int = DEFAULT_BUDGET_BYTES, 
     return move
 
 
-def least_moving_layout(engine: TrainEngine, layout: TrainLayout) -> TrainLayout:
+def least_moving_layout(engine: TrainEngine, layout: ParallelLayout) -> ParallelLayout:
     """`layout` in the mesh rank order (TP innermost or outermost) whose plan moves the fewest bytes from the
     engine's live state; same answer on every rank (planning is a pure function of the layouts)."""
     if layout.pp > 1 or isinstance(engine, PipelineEngine) or layout.ep > 1 or layout.tp == 1:

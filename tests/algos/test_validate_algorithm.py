@@ -4,8 +4,9 @@ from dataclasses import replace
 import pytest
 
 from rlhf_dyna.config import AlgorithmConfig, Config, RolloutConfig
-from rlhf_dyna.validate import ConfigError, check_choices, check_values
-from rlhf_dyna.validate_algorithm import check_algorithm
+from rlhf_dyna.checks import ConfigError
+from rlhf_dyna.checks.algorithm import check_algorithm
+from rlhf_dyna.checks.values import check_choices, check_values
 
 
 def _check(alg: AlgorithmConfig, n: int = 8) -> None:

@@ -11,7 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlhf_dyna.config import Config, LayoutSwitchConfig
-from rlhf_dyna.validate import ConfigError, check_layouts, check_runs_live
+from rlhf_dyna.checks import ConfigError
+from rlhf_dyna.checks.layouts import check_layouts, check_runs_live
 from tests.e2e.test_recipes import SHORT, read_metrics, run_app
 
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pytest
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.elastic.placement import (ACTOR, CRITIC, GENERATE, PHASES, PREPARE, REFERENCE, ROLLOUT, TRAIN_ACTOR,
                                          TRAIN_CRITIC, RankSet, changes, weight_sync)
-from rlhf_dyna.elastic.policies import PolicyRequest, TrainLayout, make_placement
+from rlhf_dyna.elastic.policies import PolicyRequest, make_placement
 from rlhf_dyna.elastic.validate import PlacementError
 
 PPO = (ACTOR, CRITIC, REFERENCE, ROLLOUT)
@@ -17,7 +18,7 @@ def request(policy, world=8, roles=PPO, **kw):
 
 
 def test_colocate_puts_every_role_on_all_ranks_and_moves_nothing():
-    p = make_placement(request("colocate", train=TrainLayout(tp=2), rollout_tp=4))
+    p = make_placement(request("colocate", train=ParallelLayout(tp=2), rollout_tp=4))
     for phase in PHASES:
         for role in PPO:
             assert p.slot(phase, role).ranks == RankSet(0, 8)
@@ -70,7 +71,7 @@ def test_explicit_sets_are_used():
     (request("split", roles=GRPO, explicit=((ROLLOUT, RankSet(0, 4)), (ACTOR, RankSet(3, 5)))), ["share ranks [3]"]),
     (request("lend", explicit=((ACTOR, RankSet(0, 5)), (CRITIC, RankSet(4, 4)))), ["share ranks [4]"]),
     (request("split", roles=GRPO, rollout_ranks=3, rollout_tp=2), ["rollout.tp=2", "3 ranks"]),
-    (request("split", roles=GRPO, rollout_ranks=5, train=TrainLayout(tp=2)), ["tp*pp*cp=2", "3 ranks"]),
+    (request("split", roles=GRPO, rollout_ranks=5, train=ParallelLayout(tp=2)), ["tp*pp*cp=2", "3 ranks"]),
     (request("colocate", max_staleness=1), ["max_staleness=1"]),
     (request("split", roles=GRPO, max_staleness=3), ["max_staleness=3", "0", "1"]),
     (request("colocate", explicit=((ACTOR, RankSet(0, 2)),)), ["placement.roles"]),

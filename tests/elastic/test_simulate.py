@@ -7,8 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.elastic.placement import ACTOR, CRITIC, ROLLOUT
-from rlhf_dyna.elastic.policies import PolicyRequest, TrainLayout
+from rlhf_dyna.elastic.policies import PolicyRequest
 from rlhf_dyna.elastic.simulate import (ZERO, PhaseModel, Workload, colocate_step, fit_phase, lend_step,
                                         predict_policies, split_step, transition_seconds)
 from rlhf_dyna.models.catalog import catalog_from_config
@@ -52,7 +53,7 @@ def test_transition_seconds_from_the_cost_model():
 
 
 def test_predict_policies_picks_the_best_split_and_lend():
-    base = PolicyRequest("colocate", 8, (ACTOR, CRITIC, ROLLOUT), TrainLayout(tp=2), rollout_tp=2)
+    base = PolicyRequest("colocate", 8, (ACTOR, CRITIC, ROLLOUT), ParallelLayout(tp=2), rollout_tp=2)
     seen = []
 
     def cost(req):

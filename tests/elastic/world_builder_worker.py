@@ -10,8 +10,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.elastic.placement import ACTOR, CRITIC, ROLLOUT
-from rlhf_dyna.elastic.policies import PolicyRequest, TrainLayout, make_placement
+from rlhf_dyna.elastic.policies import PolicyRequest, make_placement
 from rlhf_dyna.elastic.world_builder import WorldBuilder, placement_specs
 
 
@@ -37,7 +38,7 @@ def main() -> None:
     ppo = (ACTOR, CRITIC, ROLLOUT)
     placements = [make_placement(PolicyRequest("split", world, ppo)),
                   make_placement(PolicyRequest("lend", world, ppo)),
-                  make_placement(PolicyRequest("colocate", world, ppo, TrainLayout(tp=2), rollout_tp=2))]
+                  make_placement(PolicyRequest("colocate", world, ppo, ParallelLayout(tp=2), rollout_tp=2))]
     builder = WorldBuilder(placements).start()
     rounds = phase_of_compute(compute_s)
     built = [builder.get(p.key(), timeout=120) for p in placements]

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.algos.losses import aggregate, policy_loss_tokens
 from rlhf_dyna.config import AlgorithmConfig
 from rlhf_dyna.models.build import build_policy
@@ -43,7 +44,7 @@ def _check(rank: int, world: int) -> None:
 
 
 def _check_agg(rank: int, world: int, agg: str) -> None:
-    mesh = build_mesh(world, 1)
+    mesh = build_mesh(ParallelLayout(world, 1))
     engine = TrainEngine(build_policy(tiny_spec(), seed=3), mesh, lr=1e-2, grad_clip=None, micro_batch_size=1)
     batch = _global_batch()
     mine = {k: v[rank * 2 : rank * 2 + 2] for k, v in batch.items()}

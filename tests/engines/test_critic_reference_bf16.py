@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.models.build import build_critic, build_policy
 from rlhf_dyna.train.engine import LossNorm, TrainEngine
 from rlhf_dyna.train.mesh import build_mesh
@@ -18,7 +19,7 @@ def _value_loss(outputs, micro_batch: dict[str, torch.Tensor], norm: LossNorm) -
 
 
 def _checks(rank: int, world: int) -> None:
-    mesh = build_mesh(world, 1)
+    mesh = build_mesh(ParallelLayout(world, 1))
     batch = random_batch(seed=rank, batch=2)
     ids, mask = batch["input_ids"], batch["attention_mask"]
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.models.build import build_policy, save_hf_dir
 from rlhf_dyna.rollout.subset_engine import SubsetVLLMRollout
 from tests.engines._common import NEW_TOKENS, PROMPTS, hf_greedy, tiny_spec
@@ -76,7 +77,6 @@ def test_engine_on_one_rank_of_two_generates_installs_weights_and_shuts_down(tmp
 def _train_set_to_rollout_rank(rank: int, world: int, model_dir: str) -> None:
     from rlhf_dyna.train.engine import TrainEngine, full_state_dict
     from rlhf_dyna.train.mesh import build_mesh
-    from rlhf_dyna.transition.role_move import set_spec
     from rlhf_dyna.transition.subset_sync import SubsetSync
     from tests.engines._common import nll_loss, random_batch
 
@@ -84,7 +84,7 @@ def _train_set_to_rollout_rank(rank: int, world: int, model_dir: str) -> None:
     initial = build_policy(spec, seed=0)
     if rank == 0:
         save_hf_dir(initial, initial.config, model_dir)
-    mesh = build_mesh(2, 1, first_rank=1)  # the training set: ranks 1-2; every rank takes part in building it
+    mesh = build_mesh(ParallelLayout(2, 1, first_rank=1))  # the training set: ranks 1-2; every rank builds it
     engine, trained = None, {}
     if rank > 0:
         engine = TrainEngine(build_policy(spec, seed=0), mesh, lr=1e-2)
@@ -93,7 +93,7 @@ def _train_set_to_rollout_rank(rank: int, world: int, model_dir: str) -> None:
     everyone: list = [None] * world
     dist.all_gather_object(everyone, trained)  # rank 0 gets the reference weights for its HF check
     rollout = SubsetVLLMRollout(model_dir, max_model_len=64, kv_cache_bytes=16 << 20, block_size=32) if rank == 0 else None
-    sync = SubsetSync(initial.config, set_spec(1, 2, 1), rollout_first=0, rollout_ranks=1)
+    sync = SubsetSync(initial.config, ParallelLayout(2, 1, first_rank=1).spec(), rollout_first=0, rollout_ranks=1)
     stats = sync.sync(engine, rollout)
     params = sum(p.numel() * 4 for p in initial.parameters())
     assert stats.bytes_moved == params  # rank 0 held nothing: every byte of one copy, sent once

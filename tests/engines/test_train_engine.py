@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.models.build import build_policy
 from rlhf_dyna.train.engine import TrainEngine, full_state_dict
 from rlhf_dyna.train.mesh import build_mesh
@@ -17,7 +18,7 @@ def _full_grads(engine: TrainEngine) -> dict[str, torch.Tensor]:
 
 
 def _train_checks(rank: int, world: int, tp: int, tie: bool) -> None:
-    mesh = build_mesh(world // tp, tp)
+    mesh = build_mesh(ParallelLayout(world // tp, tp))
     make = lambda mbs: TrainEngine(build_policy(tiny_spec(tie=tie), seed=3), mesh, lr=1e-2, grad_clip=1.0, micro_batch_size=mbs)
     batch = random_batch(seed=100 + mesh["dp"].get_local_rank(), batch=2)  # TP peers share a batch, dp ranks differ
 
@@ -52,7 +53,7 @@ def _skeleton_checks(rank: int, world: int, tp: int, tie: bool) -> None:
     from rlhf_dyna.models.build import make_hf_config
     from rlhf_dyna.models.meta_init import meta_policy, recompute_buffers_
 
-    mesh = build_mesh(world // tp, tp)
+    mesh = build_mesh(ParallelLayout(world // tp, tp))
     real = TrainEngine(build_policy(tiny_spec(tie=tie), seed=3), mesh, lr=1e-2, grad_clip=1.0)
     skeleton = TrainEngine(meta_policy(make_hf_config(tiny_spec(tie=tie)), torch.float32), mesh, lr=1e-2, grad_clip=1.0)
     assert all(p.is_meta for p in skeleton.model.parameters())

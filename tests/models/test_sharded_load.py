@@ -9,8 +9,9 @@ from rlhf_dyna.config import Config
 from rlhf_dyna.models.build import VALUE_HEAD
 from rlhf_dyna.models.meta_init import value_head_init
 from rlhf_dyna.models.tiny_checkpoint import make_tiny_checkpoint
-from rlhf_dyna.orchestrator.setup import RankContext, build_actor, build_critic_engine, build_reference
+from rlhf_dyna.orchestrator.build import build_actor, build_critic_engine, build_reference
 from rlhf_dyna.train.engine import full_state_dict, position_ids_from_mask, token_logprobs
+from rlhf_dyna.train.mesh import build_mesh
 from tests.engines._common import nll_loss
 from tests.engines._dist import run_ranks
 
@@ -28,7 +29,7 @@ def _batch(vocab: int) -> dict[str, torch.Tensor]:
 def _cfg(dp: int, tp: int, zero: int) -> Config:
     cfg = Config()
     cfg.parallel.train.dp, cfg.parallel.train.tp, cfg.parallel.train.zero = dp, tp, zero
-    cfg.parallel.world_size = dp * tp  # the actor's mesh is built from the config (ParallelDims)
+    cfg.parallel.world_size = dp * tp
     cfg.algorithm.lr = 1e-2
     return cfg
 
@@ -44,7 +45,7 @@ def _check_layouts(rank: int, world: int, ckpt_dir: str, layouts: list[tuple[int
                                       position_ids=position_ids_from_mask(mask)).logits, batch["input_ids"])
     for dp, tp, zero in layouts:
         cfg = _cfg(dp, tp, zero)
-        actor = build_actor(cfg, ckpt_dir, RankContext(rank=rank, world=world, dp=dp, tp=tp, rollout_tp=1))
+        actor = build_actor(cfg, ckpt_dir, build_mesh(cfg.parallel.train_layout()))
         got = dict(full_state_dict(actor))
         assert sorted(got) == sorted(expected), (sorted(set(got) ^ set(expected)))
         for name, tensor in expected.items():
@@ -102,14 +103,15 @@ def test_two_ranks_qwen2_biases_tp(checkpoints):
 
 def test_vllm_opens_model_path_itself(tmp_path):
     """With a checkpoint, the directory vLLM opens is model.path: no gather (no actor needed), nothing written."""
-    from rlhf_dyna.orchestrator.setup import write_initial_checkpoint
+    from rlhf_dyna.orchestrator.build import write_initial_checkpoint
 
     model_dir = write_initial_checkpoint(str(tmp_path / "ckpt"), None, None, tmp_path / "out", 0, 0)
     assert model_dir == tmp_path / "ckpt" and not (tmp_path / "out").exists()
 
 
 def test_checkpoint_without_safetensors_is_refused_before_spawn(tmp_path):
-    from rlhf_dyna.validate import ConfigError, check_resources
+    from rlhf_dyna.checks import ConfigError
+    from rlhf_dyna.checks.resources import check_resources
 
     (tmp_path / "config.json").write_text("{}")
     cfg = Config()

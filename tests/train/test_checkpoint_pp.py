@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.models.build import build_policy
 from rlhf_dyna.train.checkpoint import full_optimizer_state, load_engines, save_engines
 from rlhf_dyna.train.engine import TrainEngine, full_state_dict
-from rlhf_dyna.train.mesh import build_mesh, build_pp_mesh
+from rlhf_dyna.train.mesh import build_mesh
 from rlhf_dyna.train.pipeline_engine import PipelineEngine
 from tests.engines._common import nll_loss, random_batch, tiny_spec
 from tests.engines._dist import run_ranks
@@ -31,11 +32,11 @@ def _model(seed: int):
 
 
 def pp_engine(seed: int) -> PipelineEngine:
-    return PipelineEngine(_model(seed), build_pp_mesh(2, 2), micro_batch_size=2, lr=1e-2)
+    return PipelineEngine(_model(seed), build_mesh(ParallelLayout(2, 1, pp=2)), micro_batch_size=2, lr=1e-2)
 
 
 def dp_engine(seed: int) -> TrainEngine:
-    return TrainEngine(_model(seed), build_mesh(4, 1), micro_batch_size=2, lr=1e-2)
+    return TrainEngine(_model(seed), build_mesh(ParallelLayout(4, 1)), micro_batch_size=2, lr=1e-2)
 
 
 def train(engine: TrainEngine, *steps: int) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.models.build import build_policy
 from rlhf_dyna.train.checkpoint import full_optimizer_state, load_engines, save_engines
 from rlhf_dyna.train.engine import TrainEngine, full_state_dict
@@ -19,7 +20,7 @@ BATCH = 8  # rows of the global batch; each dp rank trains its slice
 
 
 def engine(dp: int, tp: int, seed: int, zero: int = 3) -> TrainEngine:
-    return TrainEngine(build_policy(tiny_spec(), seed=seed), build_mesh(dp, tp), lr=1e-2, micro_batch_size=2, zero=zero)
+    return TrainEngine(build_policy(tiny_spec(), seed=seed), build_mesh(ParallelLayout(dp, tp)), lr=1e-2, micro_batch_size=2, zero=zero)
 
 
 def dp_slice(batch: dict, e: TrainEngine) -> dict:

@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.models.build import build_critic, build_policy
 from rlhf_dyna.train.engine import LossNorm, TrainEngine, full_state_dict
-from rlhf_dyna.train.mesh import build_ep_mesh, build_mesh
+from rlhf_dyna.train.mesh import build_mesh
 from tests.engines._common import nll_loss, random_batch, tiny_spec
 from tests.engines._dist import run_ranks
 
@@ -34,8 +35,8 @@ def _compare(rank: int, world: int, critic: bool) -> None:
     # EP sums an expert's gradient in another order than dp4 (one GEMM over the EP group's rows, then over edp, vs per
     # rank, then over all 4): ~1e-7 apart, which AdamW at lr 1e-2 amplifies past 1e-5 within three steps; lr 1e-3 not
     settings = dict(lr=1e-3, grad_clip=0.5, micro_batch_size=1)  # two micro-batches: accumulation across all-to-alls
-    dp_engine = TrainEngine(build(), build_mesh(4, 1), **settings)
-    ep_mesh = build_ep_mesh(4, 2)
+    dp_engine = TrainEngine(build(), build_mesh(ParallelLayout(4, 1)), **settings)
+    ep_mesh = build_mesh(ParallelLayout(4, 1, ep=2))
     ep_engine = TrainEngine(build(), ep_mesh, **settings)
     experts = ep_engine.model.model.layers[0].mlp.experts.gate_up_proj
     assert isinstance(experts, DTensor) and experts.device_mesh.mesh_dim_names == ("edp", "ep")

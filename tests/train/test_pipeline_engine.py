@@ -9,9 +9,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.models.build import build_critic, build_policy
 from rlhf_dyna.train.engine import LossNorm, TrainEngine, full_state_dict
-from rlhf_dyna.train.mesh import build_mesh, build_pp_mesh
+from rlhf_dyna.train.mesh import build_mesh
 from rlhf_dyna.train.pipeline_engine import PipelineEngine
 from tests.engines._common import nll_loss, random_batch, tiny_spec
 from tests.engines._dist import run_ranks
@@ -37,8 +38,8 @@ def _compare(rank: int, world: int, critic: bool, tie: bool, schedule: str, tp: 
     loss = value_loss if critic else nll_loss
     settings = dict(lr=1e-2, grad_clip=0.5)
 
-    dp_engine = TrainEngine(build(), build_mesh(4 // tp, tp), micro_batch_size=2, **settings)
-    pp_mesh = build_pp_mesh(2, 2 // tp, tp)
+    dp_engine = TrainEngine(build(), build_mesh(ParallelLayout(4 // tp, tp)), micro_batch_size=2, **settings)
+    pp_mesh = build_mesh(ParallelLayout(2 // tp, tp, pp=2))
     pp_engine = PipelineEngine(build(), pp_mesh, schedule=schedule, micro_batch_size=2, **settings)
     d, rows = pp_mesh["dp"].get_local_rank(), ROWS // pp_mesh["dp"].size()  # TP peers share their rows
     e, dp_rows = dp_engine.dp_rank, ROWS // dp_engine.dp_size
@@ -78,7 +79,7 @@ def test_pp2_tp2_matches_dp2_tp2(tie: bool) -> None:
 
 
 def _refusals(rank: int, world: int) -> None:
-    engine = PipelineEngine(build_policy(tiny_spec(), seed=1), build_pp_mesh(2, 2), micro_batch_size=3)
+    engine = PipelineEngine(build_policy(tiny_spec(), seed=1), build_mesh(ParallelLayout(2, 1, pp=2)), micro_batch_size=3)
     batch = random_batch(seed=1, batch=4)
     with pytest.raises(ValueError, match="equal micro-batches"):
         engine.step(batch, nll_loss)

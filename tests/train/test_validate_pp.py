@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 from rlhf_dyna.config import Config, LayoutSwitchConfig
-from rlhf_dyna.validate import ConfigError, check_layout_schedule, check_runs_live
-from rlhf_dyna.validate_pp import pipeline_problems
+from rlhf_dyna.checks import ConfigError
+from rlhf_dyna.checks.layouts import check_layouts, check_runs_live
+from rlhf_dyna.checks.pipeline import pipeline_problems
 
 
 def pp_config(**changes) -> Config:
@@ -50,11 +51,11 @@ def test_gpipe_takes_fewer_micro_batches_than_stages():
 def test_schedule_switches_into_pipeline_layouts():
     cfg = pp_config(parallel__train__pp=1)
     cfg.parallel.schedule = [LayoutSwitchConfig(step=2, pp=2), LayoutSwitchConfig(step=3, pp=1)]
-    check_layout_schedule(cfg)
+    check_layouts(cfg)
     assert pipeline_problems(cfg) == []
     cfg.parallel.schedule = [LayoutSwitchConfig(step=2, pp=3)]
-    with pytest.raises(ConfigError, match=r"dp\*tp\*pp = 1\*1\*3 = 3 but parallel.world_size=4"):
-        check_layout_schedule(cfg)
+    with pytest.raises(ConfigError, match=r"tp\*pp\*cp = 1\*3\*1 = 3 does not divide parallel.world_size=4"):
+        check_layouts(cfg)
     cfg.parallel.schedule = [LayoutSwitchConfig(step=2, pp=2)]
     cfg.algorithm.micro_batch_size = 128
     assert any("parallel.schedule[0]: " in p and "1F1B needs" in p for p in pipeline_problems(cfg))

@@ -7,8 +7,9 @@ from collections.abc import Callable
 import torch
 from torch.distributed.tensor import DTensor
 
+from rlhf_dyna.parallel_layout import LayoutSwitch, ParallelLayout, switch_at
 from rlhf_dyna.train.engine import TrainEngine
-from rlhf_dyna.transition.relayout import LayoutSwitch, TrainLayout, bind_train_state, relayout, switch_at
+from rlhf_dyna.transition.relayout import bind_train_state, relayout
 from rlhf_dyna.transition.vps_mover import make_vps_mover
 from tests.engines._common import nll_loss, random_batch
 
@@ -33,7 +34,7 @@ def full_state(engine: TrainEngine) -> dict[tuple[str, str], torch.Tensor]:
     return merged
 
 
-def switch(engine: TrainEngine, layout: TrainLayout):
+def switch(engine: TrainEngine, layout: ParallelLayout):
     return relayout(engine, layout, mover=make_vps_mover(engine.model.config, in_place=True, verify=True))
 
 

@@ -11,11 +11,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.models.build import build_policy
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.train.mesh import build_mesh
 from rlhf_dyna.transition.movers import local_of
-from rlhf_dyna.transition.relayout import TrainLayout, bind_train_state, relayout
+from rlhf_dyna.transition.relayout import bind_train_state, relayout
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.vps_mover import least_moving_layout, make_vps_mover
 from rlhf_dyna.models.catalog import catalog_from_config
@@ -26,20 +27,20 @@ from tests.transition.test_executor import run_ranks, sum_over_ranks
 
 
 def _trained(world: int, dp: int, tp: int, tie: bool = False) -> TrainEngine:
-    engine = TrainEngine(build_policy(tiny_spec("llama", tie), seed=0), build_mesh(dp, tp), lr=1e-2)
+    engine = TrainEngine(build_policy(tiny_spec("llama", tie), seed=0), build_mesh(ParallelLayout(dp, tp)), lr=1e-2)
     engine.step(random_batch(seed=dist.get_rank() // tp, batch=2), nll_loss)
     return engine
 
 
 def _relayout_both(rank: int, world: int, src: tuple[int, int], dst: tuple[int, int], budget: int, in_place: bool,
                    tie: bool = False) -> None:
-    reference, _ = relayout(_trained(world, *src, tie), TrainLayout(*dst))
+    reference, _ = relayout(_trained(world, *src, tie), ParallelLayout(*dst))
     recorder = TraceRecorder(rank)
     engine = _trained(world, *src, tie)
     config = engine.model.config
     old_shards = [local_of(t) for t in bind_train_state(engine).values()]
     mover = make_vps_mover(config, budget, verify=True, in_place=in_place, recorder=recorder)
-    moved, stats = relayout(engine, TrainLayout(*dst), mover=mover)
+    moved, stats = relayout(engine, ParallelLayout(*dst), mover=mover)
     want, got = bind_train_state(reference), bind_train_state(moved)
     if in_place:  # every consumed source shard was freed during the move, or adopted whole by the new engine
         new_storages = {local_of(t).untyped_storage().data_ptr() for t in got.values()}
@@ -58,7 +59,7 @@ def _relayout_both(rank: int, world: int, src: tuple[int, int], dst: tuple[int, 
     received = torch.tensor([stats.bytes_received])
     dist.all_reduce(received)
     plan = cached_plan(catalog_from_config(config, "float32", "float32"), ParallelSpec(dp=src[0], tp=src[1]),
-                       ParallelSpec(dp=dst[0], tp=dst[1], tp_outer=TrainLayout(*dst).tp_outer), world)
+                       ParallelSpec(dp=dst[0], tp=dst[1], tp_outer=ParallelLayout(*dst).tp_outer), world)
     assert int(received) == plan.min_bytes > 0
     assert stats.rounds == len(recorder.events) >= 1
     assert [e.round for e in recorder.events] == list(range(stats.rounds))
@@ -86,8 +87,8 @@ def _least_moving_order(rank: int, world: int) -> None:
     """From FSDP dp4, TP outermost keeps every rank's own chunk of each column-parallel weight: the search finds it,
     and the engine built on that mesh receives exactly that plan's bytes."""
     engine = _trained(world, 4, 1)
-    layout = least_moving_layout(engine, TrainLayout(2, 2))
-    assert layout == TrainLayout(2, 2, 3, tp_outer=True)
+    layout = least_moving_layout(engine, ParallelLayout(2, 2))
+    assert layout == ParallelLayout(2, 2, 3, tp_outer=True)
     catalog = catalog_from_config(engine.model.config, "float32", "float32")
     inner, outer = (cached_plan(catalog, ParallelSpec(dp=4), ParallelSpec(dp=2, tp=2, tp_outer=o), world) for o in (False, True))
     assert outer.min_bytes < 0.75 * inner.min_bytes
@@ -111,10 +112,10 @@ def test_rank_order_search_picks_tp_outer_from_fsdp():
 def _zero_switch_in_place(rank: int, world: int) -> None:
     """dp2 ZeRO-3 -> dp2 ZeRO-1: every shard stays, so the in-place move adopts all of them: nothing is sent or
     copied, and the engine trains on exactly as a full-tensor relayout's does."""
-    reference, _ = relayout(_trained(world, 2, 1), TrainLayout(2, 1, zero=1))
+    reference, _ = relayout(_trained(world, 2, 1), ParallelLayout(2, 1, zero=1))
     engine = _trained(world, 2, 1)
     old = {key: local_of(t) for key, t in bind_train_state(engine).items()}
-    moved, stats = relayout(engine, TrainLayout(2, 1, zero=1), mover=make_vps_mover(engine.model.config, verify=True, in_place=True))
+    moved, stats = relayout(engine, ParallelLayout(2, 1, zero=1), mover=make_vps_mover(engine.model.config, verify=True, in_place=True))
     assert stats.bytes_received == 0 and stats.rounds == 0
     for key, t in bind_train_state(moved).items():
         assert local_of(t).untyped_storage().data_ptr() == old[key].untyped_storage().data_ptr(), key

@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
+from rlhf_dyna.parallel_layout import LayoutSwitch, ParallelLayout, switch_at
 from rlhf_dyna.models.build import ModelSpec, build_policy
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.train.mesh import build_mesh
-from rlhf_dyna.transition.relayout import LayoutSwitch, TrainLayout, layout_of, relayout, switch_at
+from rlhf_dyna.transition.relayout import layout_of, relayout
 from tests.engines._common import VOCAB, nll_loss
 from tests.engines._dist import run_ranks
 from tests.transition._layout_switches import STEPS, full_state, rows
@@ -21,7 +22,7 @@ SPEC = ModelSpec(arch="llama", vocab_size=VOCAB, hidden_size=64, intermediate_si
 
 
 def _engine(world: int) -> TrainEngine:
-    return TrainEngine(build_policy(SPEC, seed=3), build_mesh(world, 1), lr=1e-2, grad_clip=1.0)
+    return TrainEngine(build_policy(SPEC, seed=3), build_mesh(ParallelLayout(world, 1)), lr=1e-2, grad_clip=1.0)
 
 
 def _params_sharded_over_dp(engine: TrainEngine) -> bool:
@@ -38,8 +39,8 @@ def _state_is_carried_exactly(rank: int, world: int) -> None:
     for step in range(2):
         engine.step(rows(engine, step), nll_loss)
     before = full_state(engine)
-    for layout in (TrainLayout(dp=2, tp=2, zero=1), TrainLayout(dp=4, tp=1, zero=2), TrainLayout(dp=1, tp=4, zero=3),
-                   TrainLayout(dp=4, tp=1, zero=3)):
+    for layout in (ParallelLayout(dp=2, tp=2, zero=1), ParallelLayout(dp=4, tp=1, zero=2), ParallelLayout(dp=1, tp=4, zero=3),
+                   ParallelLayout(dp=4, tp=1, zero=3)):
         engine, stats = relayout(engine, layout)
         assert layout_of(engine) == layout
         assert _step_counter(engine) == [2.0]
@@ -51,7 +52,7 @@ def _state_is_carried_exactly(rank: int, world: int) -> None:
         assert stats.rounds == len(before) and stats.bytes_received > 0
     metrics = engine.step(rows(engine, 2), nll_loss)  # and it trains on
     assert _step_counter(engine) == [3.0] and metrics["loss"] > 0
-    engine, _ = relayout(engine, TrainLayout(dp=2, tp=2, zero=2))
+    engine, _ = relayout(engine, ParallelLayout(dp=2, tp=2, zero=2))
     engine.step(rows(engine, 3), nll_loss)
     assert not _params_sharded_over_dp(engine)  # ZeRO-2 replicas re-gathered after the step
 
@@ -77,8 +78,8 @@ def test_relayout_carries_params_and_adamw_state_bit_exactly() -> None:
 
 @pytest.mark.timeout(180)
 def test_losses_with_layout_switches_equal_losses_without(tmp_path: Path) -> None:
-    schedule = [LayoutSwitch(step=3, dp=2, tp=2, zero=3), LayoutSwitch(step=4, dp=2, tp=2, zero=1),
-                LayoutSwitch(step=5, dp=4, tp=1, zero=3)]
+    schedule = [LayoutSwitch(3, ParallelLayout(dp=2, tp=2, zero=3)), LayoutSwitch(4, ParallelLayout(dp=2, tp=2, zero=1)),
+                LayoutSwitch(5, ParallelLayout(dp=4, tp=1, zero=3))]
     run_ranks(_train_with_schedule, 4, [], str(tmp_path / "fixed.json"))
     run_ranks(_train_with_schedule, 4, schedule, str(tmp_path / "switched.json"))
     fixed = json.loads((tmp_path / "fixed.json").read_text())

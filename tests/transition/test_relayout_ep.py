@@ -6,20 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlhf_dyna.parallel_layout import LayoutSwitch, ParallelLayout
 from rlhf_dyna.models.build import build_policy
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.train.mesh import build_mesh
-from rlhf_dyna.transition.relayout import LayoutSwitch, TrainLayout, layout_of
+from rlhf_dyna.transition.relayout import layout_of
 from tests.engines._common import nll_loss
 from tests.engines._dist import run_ranks
 from tests.train.test_expert_parallel import MOE
 from tests.transition._layout_switches import full_state, losses, rows, switch
-EP = TrainLayout(dp=4, tp=1, ep=2)
-DP = TrainLayout(dp=4, tp=1)
+EP = ParallelLayout(dp=4, tp=1, ep=2)
+DP = ParallelLayout(dp=4, tp=1)
 
 
 def _engine() -> TrainEngine:
-    return TrainEngine(build_policy(MOE, seed=3), build_mesh(4, 1), lr=1e-2, grad_clip=1.0, micro_batch_size=2)
+    return TrainEngine(build_policy(MOE, seed=3), build_mesh(ParallelLayout(4, 1)), lr=1e-2, grad_clip=1.0, micro_batch_size=2)
 
 
 def _carried_exactly(rank: int) -> None:
@@ -53,7 +54,7 @@ def _carried_exactly(rank: int) -> None:
 def _switches_keep_losses(rank: int, world: int) -> None:
     _carried_exactly(rank)
     plain = losses(_engine, [])
-    switched = losses(_engine, [LayoutSwitch(3, 4, 1, ep=2), LayoutSwitch(5, 4, 1)])
+    switched = losses(_engine, [LayoutSwitch(3, ParallelLayout(4, 1, ep=2)), LayoutSwitch(5, ParallelLayout(4, 1))])
     for a, b in zip(plain, switched):
         assert abs(a - b) <= 1e-5 * abs(a), (plain, switched)
     if rank == 0:

@@ -8,21 +8,22 @@ from dataclasses import replace
 import pytest
 import torch
 
+from rlhf_dyna.parallel_layout import LayoutSwitch, ParallelLayout
 from rlhf_dyna.models.build import build_policy
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.train.mesh import build_mesh
 from rlhf_dyna.train.pipeline_engine import PipelineEngine
-from rlhf_dyna.transition.relayout import LayoutSwitch, TrainLayout, layout_of
+from rlhf_dyna.transition.relayout import layout_of
 from tests.engines._common import nll_loss, tiny_spec
 from tests.engines._dist import run_ranks
 from tests.transition._layout_switches import full_state, losses, rows, switch
-PP = TrainLayout(dp=2, tp=1, pp=2)
-DP = TrainLayout(dp=4, tp=1)
+PP = ParallelLayout(dp=2, tp=1, pp=2)
+DP = ParallelLayout(dp=4, tp=1)
 
 
 def _engine(tie: bool) -> TrainEngine:
     spec = replace(tiny_spec(tie=tie), num_hidden_layers=3)  # stages own layers [0, 2) and [2, 3)
-    return TrainEngine(build_policy(spec, seed=3), build_mesh(4, 1), lr=1e-2, grad_clip=1.0, micro_batch_size=2)
+    return TrainEngine(build_policy(spec, seed=3), build_mesh(ParallelLayout(4, 1)), lr=1e-2, grad_clip=1.0, micro_batch_size=2)
 
 
 def _carried_exactly(rank: int, world: int, tie: bool) -> None:
@@ -50,7 +51,7 @@ def _carried_exactly(rank: int, world: int, tie: bool) -> None:
 def _switches_keep_losses(rank: int, world: int, tie: bool) -> None:
     _carried_exactly(rank, world, tie)
     plain = losses(lambda: _engine(tie), [])
-    switched = losses(lambda: _engine(tie), [LayoutSwitch(3, 2, 1, pp=2), LayoutSwitch(5, 4, 1)])
+    switched = losses(lambda: _engine(tie), [LayoutSwitch(3, ParallelLayout(2, 1, pp=2)), LayoutSwitch(5, ParallelLayout(4, 1))])
     for a, b in zip(plain, switched):
         assert abs(a - b) <= 1e-5 * abs(a), (plain, switched)
     if rank == 0:

@@ -4,11 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.models.build import build_critic, build_policy
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.train.mesh import build_mesh
 from rlhf_dyna.transition.metrics import transition_metrics
-from rlhf_dyna.transition.relayout import TrainLayout, relayout
+from rlhf_dyna.transition.relayout import relayout
 from rlhf_dyna.transition.trace import TraceRecorder
 from tests.engines._common import random_batch
 from tests.engines._dist import run_ranks
@@ -16,7 +17,7 @@ from tests.transition.test_relayout import SPEC
 
 
 def _roles(rank: int, world: int) -> None:
-    mesh = build_mesh(world, 1)
+    mesh = build_mesh(ParallelLayout(world, 1))
     batch = random_batch(seed=7, batch=2)
     critic = TrainEngine(build_critic(SPEC, seed=1), mesh, lr=1e-2)
     critic.step(batch, lambda out, mb, norm: ((out.values * mb["response_mask"]).pow(2).sum() / norm.num_tokens, {}))
@@ -25,7 +26,7 @@ def _roles(rank: int, world: int) -> None:
     logprobs = reference.logprobs(batch["input_ids"], batch["attention_mask"])
 
     recorder = TraceRecorder(rank)
-    layout = TrainLayout(dp=1, tp=world, zero=3)
+    layout = ParallelLayout(dp=1, tp=world, zero=3)
     critic, stats = relayout(critic, layout, recorder=recorder)
     reference, _ = relayout(reference, layout)
     assert reference.optimizer is None and critic.mesh is reference.mesh  # one mesh per layout, shared

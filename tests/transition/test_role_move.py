@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.models.build import build_critic, build_policy
 from rlhf_dyna.orchestrator.batch import shard_rows
 from rlhf_dyna.train.engine import TrainEngine, token_logprobs
 from rlhf_dyna.train.mesh import build_mesh
-from rlhf_dyna.transition.role_move import (ParkedState, engine_on, move_role_state, optimizer_step, role_catalog,
-                                          set_spec)
+from rlhf_dyna.transition.role_move import ParkedState, engine_on, move_role_state, optimizer_step, role_catalog
 from tests.engines._common import random_batch
 from tests.engines._dist import run_ranks
 from tests.transition.test_relayout import SPEC
@@ -36,9 +36,10 @@ def _read(engine: TrainEngine, batch: dict) -> torch.Tensor:
 
 
 def _lend_and_return(rank: int, world: int) -> None:
-    home_mesh = build_mesh(world, 1)
+    home_mesh = build_mesh(ParallelLayout(world, 1))
     sets = {"policy": (0, 2), "critic": (2, 2)}
-    meshes = {role: build_mesh(size, 1, first_rank=first) for role, (first, size) in sets.items()}  # every rank builds
+    # every rank builds every mesh
+    meshes = {role: build_mesh(ParallelLayout(size, 1, first_rank=first)) for role, (first, size) in sets.items()}
     b1, b2, b3 = (random_batch(seed=s, batch=4) for s in (1, 2, 3))
     for role, (first, size) in sets.items():
         make = (lambda: build_policy(SPEC, seed=3)) if role == "policy" else (lambda: build_critic(SPEC, seed=4))
@@ -48,7 +49,8 @@ def _lend_and_return(rank: int, world: int) -> None:
             _step(engine, b1, loss)
         member = first <= rank < first + size
         lent = engine_on(home, meshes[role]) if member else None
-        out = move_role_state(home, lent, set_spec(0, world, 1), set_spec(first, size, 1), catalog=role_catalog(home))
+        home_spec, set_spec = ParallelLayout(world, 1).spec(), ParallelLayout(size, 1, first_rank=first).spec()
+        out = move_role_state(home, lent, home_spec, set_spec, catalog=role_catalog(home))
         assert out.bytes_moved > 0 and out.rounds >= 1
         parked = ParkedState()
         assert parked.park(home) > 0  # the home copy's memory is freed while the role is lent
@@ -60,7 +62,7 @@ def _lend_and_return(rank: int, world: int) -> None:
             _step(lent, b2, loss)  # the lent engine trains on its own set while the twin trains on the world
         _step(twin, b2, loss)
         parked.unpark()
-        move_role_state(lent, home, set_spec(first, size, 1), set_spec(0, world, 1), catalog=role_catalog(home))
+        move_role_state(lent, home, set_spec, home_spec, catalog=role_catalog(home))
         assert optimizer_step(home) == 2.0
         expected = _read(twin, b3)
         torch.testing.assert_close(_read(home, b3), expected, rtol=1e-5, atol=1e-6)

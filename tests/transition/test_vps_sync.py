@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from rlhf_dyna.parallel_layout import ParallelLayout, RolloutLayout
 from rlhf_dyna.models.build import build_policy, save_hf_dir
 from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
@@ -23,7 +24,6 @@ from rlhf_dyna.transition.sync import make_sync
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.vps_sync import VpsSync
 from rlhf_dyna.vps.cache import cached_plan
-from rlhf_dyna.parallel_dims import ParallelDims
 from rlhf_dyna.transition.bind_train import train_spec
 from rlhf_dyna.transition.bind_vllm import rollout_spec
 from rlhf_dyna.transition.relayout import bind_train_state
@@ -41,16 +41,16 @@ def _generate(rollout: VLLMRollout, prompts: list[list[int]]) -> tuple[list[list
 def _vps_vs_naive(rank: int, world: int, model_dir: str, arch: str, tie: bool, rollout_tp: int,
                   precision: str = "fp32", relayed: bool = False) -> None:
     spec = tiny_spec(arch, tie)
-    engine = TrainEngine(build_policy(spec, seed=0), build_mesh(world, 1), lr=3e-2, precision=precision)
+    engine = TrainEngine(build_policy(spec, seed=0), build_mesh(ParallelLayout(world, 1)), lr=3e-2, precision=precision)
     if rank == 0:
         save_hf_dir(build_policy(spec, seed=0), build_policy(spec).config, model_dir)
     dist.barrier()
     rollout = VLLMRollout(model_dir, tp=rollout_tp, seed=0, max_model_len=64, kv_cache_bytes=16 << 20, block_size=32,
                           dtype="bfloat16" if precision == "bf16" else "float32")
     prompts = PROMPTS[rollout.dp_rank :: rollout.dp_size]
-    # the live binding and the dry run's config mapping (parallel_dims) name the same two layouts
+    # the live binding and the parallel layouts the dry run plans from name the same two layouts
     live = (train_spec(bind_train_state(engine)), rollout_spec(rollout))
-    assert live == ParallelDims(world_size=world, dp=world, tp=1, rollout_tp=rollout_tp).train_to_rollout(), live
+    assert live == (ParallelLayout(world, 1).spec(), RolloutLayout(world, rollout_tp).spec()), live
     recorder = TraceRecorder(rank)
     vps = VpsSync(budget_bytes=1 << 10, verify=True, recorder=recorder)  # small budget: several rounds
     rollout_dtype = "bfloat16" if precision == "bf16" else "float32"  # the plan moves destination bytes

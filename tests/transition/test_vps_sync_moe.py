@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.models.build import ModelSpec, build_policy, make_hf_config, save_hf_dir
 from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
@@ -64,7 +65,7 @@ def _check_staged_experts(staged: dict[str, torch.Tensor], rollout: VLLMRollout,
 
 
 def _sync_and_compare(rank: int, world: int, model_dir: str, rollout_tp: int, expert_parallel: bool = False) -> None:
-    engine = TrainEngine(build_policy(SPEC, seed=0), build_mesh(world, 1), lr=3e-2)
+    engine = TrainEngine(build_policy(SPEC, seed=0), build_mesh(ParallelLayout(world, 1)), lr=3e-2)
     if rank == 0:
         save_hf_dir(build_policy(SPEC, seed=0), make_hf_config(SPEC), model_dir)  # vLLM starts from the initial weights
     dist.barrier()

@@ -5,11 +5,12 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import init_device_mesh
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from rlhf_dyna.models.catalog import catalog_from_config
-from rlhf_dyna.train.mesh import build_ep_mesh, mesh_ranks
+from rlhf_dyna.parallel_layout import ParallelLayout
+from rlhf_dyna.train.mesh import build_mesh
 from rlhf_dyna.train.parallelize import apply_fsdp, apply_tensor_parallel, parallelize
 from rlhf_dyna.train.pp_stage import split_stage
 from rlhf_dyna.vps.layout import build_layout
@@ -34,7 +35,7 @@ def build(dp: int, tp: int, fsdp: bool, tp_outer: bool, tied: bool, pp: int = 1)
             apply_tensor_parallel(model, mesh["tp"])
         dp_mesh = mesh["dp"]
     elif tp > 1:
-        mesh = DeviceMesh("cpu", mesh_ranks(dp, tp, tp_outer), mesh_dim_names=("dp", "tp"))
+        mesh = build_mesh(ParallelLayout(dp, tp, tp_outer=tp_outer))
         apply_tensor_parallel(model, mesh["tp"])
         dp_mesh = mesh["dp"]
     else:
@@ -64,7 +65,7 @@ def moe_config(num_experts: int) -> Qwen3MoeConfig:
 def check_ep(ep: int, num_experts: int) -> int:
     """The engine's own expert parallel (train.parallelize on train.mesh.build_ep_mesh) over all 4 ranks as dp."""
     torch.manual_seed(0)
-    model = parallelize(Qwen3MoeForCausalLM(moe_config(num_experts)).float(), build_ep_mesh(4, ep), "fp32")
+    model = parallelize(Qwen3MoeForCausalLM(moe_config(num_experts)).float(), build_mesh(ParallelLayout(4, 1, ep=ep)), "fp32")
     return compare(model, ParallelSpec(dp=4, ep=ep), moe_config(num_experts))
 
 

@@ -1,6 +1,6 @@
-"""Live placements in the loop (placement=lend, PPO): every rank generates and prepares with the colocated engines;
-for training, the actor and the critic move by VPS plan to their disjoint rank sets, train there at the same time,
-and move back onto all ranks before the weight sync.
+"""placement=lend (PPO): every rank generates and prepares with the colocated engines; for training, the actor and the
+critic move by VPS plan to their disjoint rank sets, train there at the same time, and move back onto all ranks
+before the weight sync.
 
 The moves are the placement's own changes (`elastic.placement.changes`), logged as
 `reshard/<role>/<from_phase>_to_<to_phase>/{seconds,bytes_moved,rounds,peak_extra_bytes}`. The sets' meshes and
@@ -16,17 +16,19 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..config import Config
-from ..elastic.faults import fault_point
-from ..elastic.placement import ACTOR, CRITIC, GENERATE, TRAIN_ACTOR, Change, Placement, RoleSlot, changes
-from ..elastic.world_builder import BuiltWorld, WorldBuilder, mesh_key
-from ..tracking.timeline import record_phase
-from ..train.engine import TrainEngine
-from ..transition.role_move import ParkedState, RoleMoveStats, engine_on, move_role_state, rank_set_spec, role_catalog
-from .batch import rank_rows
-from .placements import placement_of
+from ...config import Config
+from ...elastic.faults import fault_point
+from ...elastic.placement import ACTOR, CRITIC, GENERATE, TRAIN_ACTOR, Placement, RoleSlot, changes
+from ...elastic.world_builder import BuiltWorld, WorldBuilder, mesh_key
+from ...parallel_layout import ParallelLayout
+from ...tracking.timeline import record_phase
+from ...train.engine import TrainEngine
+from ...transition.role_move import ParkedState, engine_on, move_role_state, role_catalog
+from ..batch import Sample, rank_rows
+from ..placements import placement_of
+from ..step import prefixed, reshard_metrics, role_losses, train_on
+from .colocate import ColocateRuntime
 
-LIVE_MOVE_POLICIES = ("lend",)  # policies whose role moves the loop executes (colocate has none)
 TRAINED_BY = {ACTOR: "timing_s/train_actor", CRITIC: "timing_s/train_critic"}
 
 
@@ -45,11 +47,6 @@ def whole_batch(shard: dict[str, torch.Tensor], engine: TrainEngine, mini_batche
         dist.all_reduce(full)
         out[key] = full
     return out
-
-
-def move_metrics(change: Change, stats: RoleMoveStats) -> dict[str, float]:
-    return {f"{change.name}/seconds": stats.seconds, f"{change.name}/bytes_moved": float(stats.bytes_moved),
-            f"{change.name}/rounds": float(stats.rounds), f"{change.name}/peak_extra_bytes": float(stats.peak_extra_bytes)}
 
 
 @dataclass
@@ -99,18 +96,17 @@ class PlacedTraining:
             if src is home[change.role]:  # lent: the home copy's memory is free for the set that trains here
                 self.parked[change.role] = ParkedState()
                 metrics[f"placement/{change.role}_parked_bytes"] = float(self.parked[change.role].park(src))
-            metrics.update(move_metrics(change, stats))
+            metrics.update(reshard_metrics(change.name, stats))
         return metrics
 
     def _spec(self, slot: RoleSlot):
-        return rank_set_spec(slot.ranks, self.tp)  # type: ignore[arg-type]
+        ranks = slot.ranks
+        return ParallelLayout(ranks.size // self.tp, self.tp, first_rank=ranks.first).spec()  # type: ignore[union-attr]
 
     def train(self, cfg: Config, step: int, batch: dict, actor: TrainEngine, critic: TrainEngine,
               losses: dict[str, object]) -> tuple[dict, dict, dict, dict]:
         """Collective. Moves the roles out, trains each lent engine on its rows of the step with its role's loss
         (concurrently across the sets), moves them home. Returns (actor, critic, timings, placement) metrics."""
-        from .loop import train_on  # the loop imports this module
-
         alg, home = cfg.algorithm, {ACTOR: actor, CRITIC: critic}
         full = whole_batch(batch, actor, alg.mini_batches)
         metrics = self.enter(TRAIN_ACTOR, home)
@@ -140,18 +136,38 @@ class PlacedTraining:
         self.builder.join(timeout=60)
 
 
-def start_placed(cfg: Config, actor: TrainEngine, recorder=None) -> PlacedTraining | None:
-    """For a policy whose roles move, start building its world in the background (collective); None otherwise."""
-    if cfg.placement.policy not in LIVE_MOVE_POLICIES:
-        return None
-    placement = placement_of(cfg)
-    home = placement.slot(GENERATE, ACTOR).spec
-    builder = WorldBuilder([placement], known={mesh_key(home): actor.mesh}).start()  # type: ignore[arg-type]
-    return PlacedTraining(placement, builder, cfg.parallel.train.tp, dist.get_rank(), recorder)
+class LendRuntime(ColocateRuntime):
+    name = "lend"
+
+    def begin(self) -> None:
+        """Start building the placement's rank sets' meshes and groups in the background (collective)."""
+        placement = placement_of(self.cfg)
+        home = placement.slot(GENERATE, ACTOR).spec
+        builder = WorldBuilder([placement], known={mesh_key(home): self.actor.mesh}).start()  # type: ignore[arg-type]
+        self.placed = PlacedTraining(placement, builder, self.cfg.parallel.train.tp, self.rank, self.recorder)
+
+    def train(self, step: int, batch: dict | None, samples: list[Sample], prepared: dict[str, float],
+              ) -> dict[str, float]:
+        """The actor and the critic move out to their sets, train there at once, and move home."""
+        t0 = time.perf_counter()
+        actor, critic, timings, placement = self.placed.train(self.cfg, step, batch, self.actor, self.critic,
+                                                              role_losses(self.cfg, self.run.kl_ctl.value))
+        metrics = {**prepared, **prefixed("actor", actor), **prefixed("critic", critic), **timings,
+                   "timing_s/train": time.perf_counter() - t0, **placement}
+        return {**metrics, **self.kl_update(metrics, batch, samples)}
+
+    def finish_step(self, step: int, metrics: dict[str, float], started: float) -> dict[str, float]:
+        metrics.update(change_share(metrics, metrics["timing_s/step"]))
+        return super().finish_step(step, metrics, started)
+
+    def close(self, failed: bool) -> None:
+        if not failed and getattr(self, "placed", None) is not None:
+            self.placed.close()
+        super().close(failed)
 
 
 def change_share(metrics: dict[str, float], step_seconds: float) -> dict[str, float]:
-    """The share of the step that the placement changes cost (the issue's bound: < 10%)."""
+    """The share of the step that the placement changes cost."""
     moved = sum(v for k, v in metrics.items() if k.startswith("reshard/") and k.endswith("/seconds")
                 and k.count("/") == 3)  # reshard/<role>/<from>_to_<to>/seconds
     return {"placement/change_share": moved / step_seconds if step_seconds > 0 else 0.0}

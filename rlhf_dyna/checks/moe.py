@@ -1,8 +1,9 @@
-"""Pre-spawn checks of MoE runs: what runs live (FSDP2 over dp, expert parallel training over dp ranks, vLLM rollout
+"""Checks of MoE runs: what runs live (FSDP2 over dp, expert parallel training over dp ranks, vLLM rollout
 as one TP group, with or without vLLM's expert parallelism) and what not (expert TP, MoE with tp or pp)."""
 from __future__ import annotations
 
-from .config import Config
+from ..config import Config
+from ..parallel_layout import LayoutError
 
 CPU_MOE_ALIGNMENT = 32  # vLLM 0.32's CPU MoE kernel pads each rank's expert intermediate dim to a multiple of this
 
@@ -22,10 +23,11 @@ def moe_live_problems(cfg: Config, on_cpu: bool) -> list[str]:
         return [f"rollout.expert_parallel=true with model.arch={m.arch} and no experts: vLLM's expert parallelism "
                 f"spreads the experts of an MoE model; set rollout.expert_parallel=false"] if r.expert_parallel else []
     out = []
-    if t.ep > 1:  # deferred: parallel_dims imports validate, which imports this module
-        from .parallel_dims import ParallelDims
-
-        out += ParallelDims.from_config(cfg).expert_parallel_problems(m.num_experts)
+    if t.ep > 1:
+        try:
+            out += cfg.parallel.train_layout().expert_problems(m.num_experts)
+        except LayoutError as err:  # ep against the ranks
+            out.append(str(err).rstrip("."))
         if cfg.placement.policy != "colocate":
             out.append(f"parallel.train.ep={t.ep} with placement={cfg.placement.policy}: expert-parallel engines run "
                        f"live in colocated runs only (role moves between rank sets do not build EP meshes); use "

@@ -1,4 +1,4 @@
-"""Pipeline-parallel checks of a composed config, before any rank is spawned (train.pipeline_engine's limits).
+"""Checks of pipeline-parallel layouts (train.pipeline_engine's limits).
 
 Every layout the run trains in (parallel.train and each parallel.schedule entry) with pp > 1 must: have no more
 stages than decoder layers (uneven splits are fine: vps.validate.stage_layers), split every batch it
@@ -7,19 +7,8 @@ them.
 """
 from __future__ import annotations
 
-from .config import Config
-
-PP_SCHEDULES = ("1F1B", "GPipe")
-
-
-def pipeline_layouts(cfg: Config) -> list[tuple[str, int, int, int]]:
-    """(where, pp, dp, tp) of every training layout of the run that has pp > 1."""
-    world, t = cfg.parallel.world_size, cfg.parallel.train
-    layouts = [("parallel.train", t.pp, world // (t.tp * t.pp * t.cp) if t.dp == -1 else t.dp, t.tp)]
-    for i, s in enumerate(cfg.parallel.schedule):
-        layouts.append((f"parallel.schedule[{i}]", s.pp, world // (s.tp * s.pp) if s.dp == -1 else s.dp, s.tp))
-    return [entry for entry in layouts if entry[1] > 1]
-
+from ..config import Config
+from ..parallel_layout import LayoutError
 
 def _micro_batches(rows: int, micro: int | None, pp: int, schedule: str, what: str, where: str) -> str | None:
     mbs = min(micro or rows, rows)
@@ -33,24 +22,27 @@ def _micro_batches(rows: int, micro: int | None, pp: int, schedule: str, what: s
 
 
 def pipeline_problems(cfg: Config) -> list[str]:
+    try:
+        layouts = [("parallel.train", cfg.parallel.train_layout())]
+        layouts += [(f"parallel.schedule[{i}]", s.layout) for i, s in enumerate(cfg.parallel.layout_schedule())]
+    except LayoutError as err:  # an unknown schedule name, or a layout that does not fill the world
+        return [str(err).rstrip(".")]
     problems = []
-    schedule = cfg.parallel.train.pp_schedule
-    if schedule not in PP_SCHEDULES:
-        problems.append(f"parallel.train.pp_schedule={schedule!r}; valid: {', '.join(PP_SCHEDULES)}")
     layers = cfg.model.num_hidden_layers
     rows = cfg.task.prompts_per_step * cfg.rollout.n // max(cfg.algorithm.mini_batches, 1)
-    for where, pp, dp, tp in pipeline_layouts(cfg):
+    for where, layout in (entry for entry in layouts if entry[1].pp > 1):
+        pp, dp = layout.pp, layout.dp
         if pp > layers:
             problems.append(f"{where}: pp={pp} exceeds model.num_hidden_layers={layers}; valid pp: 1..{layers} "
                             f"(uneven splits are fine)")
-        if cfg.parallel.train.cp > 1:
-            problems.append(f"{where}: pp={pp} with cp={cfg.parallel.train.cp}: context parallel is not live; use cp=1")
+        if layout.cp > 1:
+            problems.append(f"{where}: pp={pp} with cp={layout.cp}: context parallel is not live; use cp=1")
         micro = cfg.algorithm.micro_batch_size
         checks = [(rows // dp, "task.prompts_per_step * rollout.n / algorithm.mini_batches")]
         if cfg.trainer.sft_warmup_steps > 0 and where == "parallel.train":
             checks.append((cfg.trainer.sft_batch_size // dp, "trainer.sft_batch_size"))
         for per_rank, what in checks:
-            problem = _micro_batches(per_rank, micro, pp, schedule, what, where)
+            problem = _micro_batches(per_rank, micro, pp, layout.pp_schedule, what, where)
             if problem:
                 problems.append(problem)
     return problems

@@ -1,14 +1,12 @@
-"""Pre-spawn checks of `algorithm.*` that span several keys (estimator vs. critic, KL placement, group size).
-
-Called from validate.validate; every error is one paragraph: what is wrong, and what would be right.
-"""
+"""Checks of `algorithm.*` that span several keys (estimator vs. critic, KL placement, group size)."""
 from __future__ import annotations
 
-from .algos.choices import ADV_ESTIMATORS, GROUP_BASELINE, SEQUENCE_LEVEL
-from .config import Config
+from ..algos.choices import ADV_ESTIMATORS, GROUP_BASELINE, SEQUENCE_LEVEL
+from ..config import Config
+from .errors import ConfigError
 
 
-def check_algorithm(cfg: Config, error: type[Exception]) -> None:
+def check_algorithm(cfg: Config, error: type[Exception] = ConfigError) -> None:
     alg, n = cfg.algorithm, cfg.rollout.n
     est = alg.adv_estimator
     if est not in ADV_ESTIMATORS:

@@ -1,4 +1,4 @@
-"""Pre-spawn checks of `model.path` + `task=file`: files, columns, reward imports, tokenizer vs embedding, chat template.
+"""Checks of `model.path` + `task=file`: files, columns, reward imports, tokenizer vs embedding, chat template.
 
 Each failure is one paragraph saying what is wrong and what would be right (raised as the caller's error type).
 """
@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlhf_dyna.tasks.file_task import FORMATS, data_format
-from rlhf_dyna.tasks.rewards import RewardError, build_rewards
+from ..config import Config
+from ..tasks.file_task import FORMATS, data_format
+from ..tasks.rewards import RewardError, build_rewards
+from .errors import ConfigError
 
 
 def _first_row_and_columns(files: list[str]) -> tuple[dict[str, Any], list[str]]:
@@ -89,3 +91,15 @@ def check_data(cfg) -> None:
         check_file_task(cfg)
     elif cfg.model.path is not None and (Path(cfg.model.path) / "config.json").is_file():
         check_tokenizer(cfg.model.path, "")
+
+
+def check_lengths(cfg: Config) -> None:
+    """Prompt + completion must fit vLLM's max_model_len (model.max_position_embeddings)."""
+    r = cfg.rollout
+    t, limit = cfg.task, cfg.model.max_position_embeddings
+    if t.name == "file" and t.max_prompt_tokens > 0 and t.max_prompt_tokens + r.max_new_tokens > limit:
+        raise ConfigError(
+            f"task.max_prompt_tokens + rollout.max_new_tokens = {t.max_prompt_tokens} + {r.max_new_tokens} exceeds "
+            f"model.max_position_embeddings={limit} (vLLM's max_model_len); raise model.max_position_embeddings to at "
+            f"least {t.max_prompt_tokens + r.max_new_tokens} (within the checkpoint's) or lower the other two."
+        )

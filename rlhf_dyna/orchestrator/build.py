@@ -1,8 +1,6 @@
-"""Build everything a rank needs for a run: task, tokenizer, mesh, actor/critic/reference engines, rollout."""
+"""Build what a rank holds: the task, the model source, and the actor / critic / reference engines on a mesh."""
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,43 +15,8 @@ from ..tasks.tokenizer import CharTokenizer
 from ..train.copy_shards import copy_local_shards_
 from ..train.engine import TrainEngine, full_state_dict
 from ..train.pipeline_engine import make_engine
-from ..parallel_dims import ParallelDims
-from ..validate import resolve_dp
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-@dataclass
-class RankContext:
-    rank: int
-    world: int
-    dp: int
-    tp: int
-    rollout_tp: int
-    tp_outer: bool = False  # the training mesh's rank order (train.mesh.build_mesh)
-    pp: int = 1  # pipeline stages, outermost: the ranks of one stage are dp * tp consecutive ones
-
-    @property
-    def dp_rank(self) -> int:
-        within = self.rank % (self.dp * self.tp)  # the same dp coordinate on every stage
-        return within % self.dp if self.tp_outer else within // self.tp
-
-    @property
-    def rollout_replica(self) -> int:
-        return self.rank // self.rollout_tp
-
-    @property
-    def rollout_replicas(self) -> int:
-        return self.world // self.rollout_tp
-
-    @property
-    def is_rollout_leader(self) -> bool:
-        return self.rank % self.rollout_tp == 0
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def build_task(cfg: Config, tokenizer=None) -> BaseTask:
@@ -89,14 +52,6 @@ def model_source(model: ModelConfig, tokenizer: CharTokenizer) -> ModelSpec | st
     )
 
 
-def rank_context(cfg: Config) -> RankContext:
-    world = dist.get_world_size()
-    return RankContext(
-        rank=dist.get_rank(), world=world, dp=resolve_dp(cfg.parallel.train, world),
-        tp=cfg.parallel.train.tp, rollout_tp=cfg.rollout.tp, pp=cfg.parallel.train.pp,
-    )
-
-
 def _device(mesh) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
 
@@ -113,10 +68,9 @@ def engine_settings(cfg: Config, trainable: bool, lr: float | None = None) -> di
             "grad_clip": alg.grad_clip}
 
 
-def build_actor(cfg: Config, source: ModelSpec | str, ctx: RankContext, mesh=None) -> TrainEngine:
+def build_actor(cfg: Config, source: ModelSpec | str, mesh) -> TrainEngine:
     """Random init: the full seeded model, then sharded (tiny recipes, bit-identical across layouts). A checkpoint:
     built on meta, sharded, and each rank reads only its shards (models.meta_init)."""
-    mesh = mesh if mesh is not None else ParallelDims.from_config(cfg).train_mesh()  # split: the train set's mesh
     if isinstance(source, str):
         policy, materialize = meta_policy(checkpoint_config(source), DTYPES["fp32"]), checkpoint_loader(source, _device(mesh))
     else:

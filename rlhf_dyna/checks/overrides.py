@@ -9,10 +9,12 @@ import dataclasses
 import difflib
 from importlib import resources
 
-from .config import Config
-from .validate import ConfigError
+from ..config import Config
+from .errors import ConfigError
 
-GROUPS = ("model", "parallel", "cluster", "algorithm", "rollout", "task", "tracking", "recipe")
+# the config groups under conf/: the Config fields that have a folder of options there, and the recipes
+GROUPS = tuple(sorted(f.name for f in dataclasses.fields(Config)
+                      if resources.files("rlhf_dyna.conf").joinpath(f.name).is_dir()))
 
 
 def group_options(group: str) -> list[str]:

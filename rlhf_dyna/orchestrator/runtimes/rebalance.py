@@ -1,4 +1,4 @@
-"""placement.rebalance=true live: between steps of a split run, move devices between the rollout set and the train set
+"""placement=split with placement.rebalance=true: between steps, move devices between the rollout set and the train set
 when the measured phase times say that a different split shortens the step (the decision: elastic/rebalance.py).
 
 Every candidate split's meshes and groups are built by the world builder on a background thread from the start of
@@ -33,29 +33,28 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..config import Config
-from ..elastic.placement import ACTOR, CRITIC, REFERENCE, TRAIN_ACTOR
-from ..elastic.rebalance import Decision, RebalanceRule, Rebalancer, StepTimes, move_seconds, split_candidates
-from ..elastic.world_builder import WorldBuilder, mesh_key
-from ..models.catalog import catalog_from_config
-from ..models.meta_init import meta_critic, meta_policy, recompute_buffers_
-from ..models.value_catalog import value_catalog_from_config
-from ..train.engine import TrainEngine
-from ..train.pipeline_engine import make_engine
-from ..transition.role_move import ALL_KINDS, move_role_state, optimizer_step, rank_set_spec
-from ..transition.subset_sync import SubsetSync
-from ..transition.trace import TraceRecorder
-from ..transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
-from ..vps.spec import ParallelSpec
-from ..vps.tensor import Kind
-from .placements import split_placement, split_shape
-from .setup import engine_settings
-from .split_run import SYNC, SplitRanks, SplitState, start_engine
+from ...config import Config
+from ...elastic.placement import ACTOR, CRITIC, REFERENCE, TRAIN_ACTOR
+from ...elastic.rebalance import Decision, RebalanceRule, Rebalancer, StepTimes, move_seconds, split_candidates
+from ...elastic.world_builder import WorldBuilder, mesh_key
+from ...models.catalog import catalog_from_config
+from ...models.meta_init import meta_critic, meta_policy, recompute_buffers_
+from ...models.value_catalog import value_catalog_from_config
+from ...parallel_layout import ParallelLayout
+from ...train.engine import TrainEngine
+from ...train.pipeline_engine import make_engine
+from ...transition.role_move import ALL_KINDS, move_role_state, optimizer_step
+from ...transition.subset_sync import SubsetSync
+from ...transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
+from ...vps.spec import ParallelSpec
+from ...vps.tensor import Kind
+from ..build import engine_settings
+from ..placements import split_placement, split_shape
+from .split import SYNC, SplitRuntime, split_layouts, start_engine
 
 MOVE_EVENT = "rebalance"  # the whole move on the timeline; its VPS rounds are reshard/<role>/rebalance
 ENGINE_STOP_EVENT = "rebalance/engine_stop"  # a leaving engine's shutdown, in the background
 MOVES = {role: f"reshard/{role}/{MOVE_EVENT}" for role in (ACTOR, REFERENCE, CRITIC)}
-ENGINES = {ACTOR: "actor", REFERENCE: "ref", CRITIC: "critic"}  # the role's engine in SplitState
 STOP_S = "rebalance/engine_stop_seconds"
 
 
@@ -99,26 +98,27 @@ class PendingMove:
 GENERATES_S, TRAINS_S = "rebalance/rollout_set_seconds", "rebalance/train_set_seconds"  # each set's slowest part
 
 
-class SplitRebalance:
-    """This rank's part of re-balancing: the candidate splits and their background-built worlds; on rank 0 the
-    decision state. `after_step` is collective."""
+class RebalanceRuntime(SplitRuntime):
+    """The split runtime whose sets change size between steps. Rank 0 holds the decision state (`manager`)."""
 
-    def __init__(self, cfg: Config, ranks: SplitRanks, home_mesh, hf_config, recorder: TraceRecorder | None) -> None:
-        self.cfg, self.hf_config, self.recorder, self.rank = cfg, hf_config, recorder, ranks.rank
+    name = "rebalance"
+
+    def start_train_set(self, mesh) -> None:
+        """Every candidate split's groups and meshes start building in the background before the actor is built."""
+        cfg = self.cfg
         self.tp, self.world_size = cfg.parallel.train.tp, cfg.parallel.world_size
         valid, _ = split_candidates(split_shape(cfg))  # checked before spawn: the start is among them
         self.placements = {r: split_placement(cfg, r) for r in valid}
-        home = self.placements[ranks.rollout.size].slot(TRAIN_ACTOR, ACTOR).spec
-        self.builder = WorldBuilder(list(self.placements.values()), known={mesh_key(home): home_mesh}).start()
-        self.catalogs = {ACTOR: catalog_from_config(hf_config, "float32", "float32")}  # engines keep fp32 parameters
+        home = self.placements[self.rollout_layout.size].slot(TRAIN_ACTOR, ACTOR).spec
+        self.builder = WorldBuilder(list(self.placements.values()), known={mesh_key(home): mesh}).start()
+        self.catalogs = {ACTOR: catalog_from_config(self.hf_config, "float32", "float32")}  # fp32 parameters
         self.catalogs[REFERENCE] = self.catalogs[ACTOR]
-        self.catalogs[CRITIC] = value_catalog_from_config(hf_config, "float32", "float32")
+        self.catalogs[CRITIC] = value_catalog_from_config(self.hf_config, "float32", "float32")
         self.roles = [ACTOR] + ([REFERENCE] if cfg.algorithm.kl_coef > 0 else []) + \
             ([CRITIC] if cfg.algorithm.name == "ppo" else [])
         rule = RebalanceRule(cfg.placement.rebalance_margin, cfg.placement.rebalance_every)
-        self.manager = Rebalancer(self.world_size, valid, ranks.rollout.size, cfg.placement.max_staleness, rule) \
+        self.manager = Rebalancer(self.world_size, valid, self.rollout_layout.size, cfg.placement.max_staleness, rule) \
             if self.rank == 0 else None
-        self.model_dir = None  # set by run_split once the initial weights are written
         self.engine_start_s = 0.0  # rank 0's engine start at the beginning of the run: predicts a joining one's
         self.move_bytes_per_s: float | None = None  # measured by the last move
         self.stopping: list[threading.Thread] = []  # engines of this rank shutting down in the background
@@ -126,11 +126,29 @@ class SplitRebalance:
         self.preparing: threading.Thread | None = None
         self.prepare_error: BaseException | None = None
         self.pending: PendingMove | None = None  # the last move, until the step it served ends
+        super().start_train_set(mesh)
+
+    def start_rollout_set(self) -> None:
+        started = time.perf_counter()  # rank 0 always generates: its engine's start predicts a joining one's
+        super().start_rollout_set()
+        self.engine_start_s = time.perf_counter() - started
+
+    def begin(self) -> None:
+        """Plans and destination skeletons of every move, in the background."""
+        self.prepare_moves(self.rollout_layout.size)
+
+    def finish_step(self, step: int, metrics: dict[str, float], started: float) -> dict[str, float]:
+        metrics = super().finish_step(step, metrics, started)
+        return {**metrics, **self.after_step(step, metrics)}
+
+    @property
+    def trace_title(self) -> str:
+        return f"{self.cfg.recipe}: placement=split, rebalance: phases and transitions"
 
     def _spec(self, rollout_ranks: int) -> ParallelSpec:
         """The train set's spec under split `rollout_ranks`."""
         train = self.placements[rollout_ranks].slot(TRAIN_ACTOR, ACTOR).ranks
-        return rank_set_spec(train, self.tp)  # type: ignore[arg-type]
+        return ParallelLayout(train.size // self.tp, self.tp, first_rank=train.first).spec()
 
     def _plan(self, role: str, src: ParallelSpec, dst: ParallelSpec):
         """This rank's share of a role's move plan, from vps_plans' cache (move_role_state asks for the same key)."""
@@ -201,25 +219,25 @@ class SplitRebalance:
             print(f"rlhf_dyna: rebalance after step {step}: {decision.describe(self.world_size)}", flush=True)
         return decision
 
-    def after_step(self, step: int, state: SplitState, metrics: dict, kl_ctl) -> dict[str, float]:
+    def after_step(self, step: int, metrics: dict) -> dict[str, float]:
         """Collective: the cost of the move that served this step is logged; rank 0 decides from the step's metrics;
         every rank carries out a move. Returns the metrics."""
         out = self._finish_pending(metrics)
-        decision = self._decide(step, metrics, state.sync.transfer_seconds) if self.manager is not None else None
+        decision = self._decide(step, metrics, self.sync.transfer_seconds) if self.manager is not None else None
         box = [decision]
         dist.broadcast_object_list(box, src=0)
         decision = box[0]
         if self.manager is not None and (gain := self.manager.measured_gain()) is not None:
             out["rebalance/measured_gain_s"] = gain  # mean step on the split left last minus on this one
         if decision.moves:
-            self.move(state, decision.target, kl_ctl)
+            self.move(decision.target)
             out.update({"rebalance/moved": 1.0, "rebalance/from_rollout_ranks": float(decision.current),
                         "rebalance/predicted_gain_s": decision.predicted_gain_s,
                         "rebalance/predicted_total_gain_s": decision.predicted_total_gain_s,
                         "rebalance/predicted_cost_s": decision.predicted_cost_s})
             if self.manager is not None:
                 self.manager.apply(decision)
-        out["rebalance/rollout_ranks"] = float(state.ranks.rollout.size)
+        out["rebalance/rollout_ranks"] = float(self.rollout_layout.size)
         return out
 
     def _finish_pending(self, metrics: dict) -> dict[str, float]:
@@ -243,11 +261,12 @@ class SplitRebalance:
                 "rebalance/lost_seconds": lost, "rebalance/transition_share": lost / metrics["timing_s/step"],
                 "placement/build_seconds": move.build_seconds}
 
-    def move(self, state: SplitState, target: int, kl_ctl) -> None:
-        """Collective: the split becomes `target` rollout ranks + the rest training; `state` now holds the new parts.
+    def move(self, target: int) -> None:
+        """Collective: the split becomes `target` rollout ranks + the rest training; this runtime holds the new parts.
         Every part is timed on every rank; `self.pending` keeps the times until the next `after_step` reduces them."""
         t0, wall = time.perf_counter(), time.time()
-        old, new = state.ranks, SplitRanks(self.cfg, target)
+        kl_ctl = self.run.kl_ctl
+        (old, old_rollout), (new, new_rollout) = (self.layout, self.rollout_layout), split_layouts(self.cfg, target)
         world = self.builder.get(self.placements[target].key())
         parts = {"placement/wait_seconds": time.perf_counter() - t0}  # name -> this rank's seconds of that part
         t = time.perf_counter()
@@ -255,28 +274,29 @@ class SplitRebalance:
         parts["rebalance/prepare_wait_seconds"] = time.perf_counter() - t
         # one broadcast from the train set: the adaptive KL coefficient lives there, and the AdamW step counters that
         # the trained roles' moves need (the reference has no optimizer: -1, known everywhere)
-        shared = torch.tensor([kl_ctl.value, optimizer_step(state.actor), optimizer_step(state.critic)],
+        shared = torch.tensor([kl_ctl.value, optimizer_step(self.actor), optimizer_step(self.critic)],
                               dtype=torch.float64)
-        dist.broadcast(shared, src=old.train.first)
+        dist.broadcast(shared, src=old.first_rank)
         kl_ctl.value = float(shared[0])
         steps = {ACTOR: float(shared[1]), CRITIC: float(shared[2]), REFERENCE: -1.0}
         mesh = world.mesh(self.placements[target].slot(TRAIN_ACTOR, ACTOR).spec)
-        leaving = state.rollout if state.rollout is not None and not new.generates else None
+        generates, trains = new_rollout.holds(self.rank), self.rank in new.ranks
+        leaving = self.rollout if self.rollout is not None and not generates else None
         on_gpu = mesh.device_type != "cpu"
         parts.update({STOP_S: 0.0, "rebalance/engine_start_seconds": 0.0, "rebalance/materialize_seconds": 0.0})
         if leaving is not None and on_gpu:  # a GPU's train engine wants the engine's memory
             parts[STOP_S] = self._stop_in_background(leaving)
         if leaving is not None:
-            state.rollout = None
-        src, dst = self._spec(old.rollout.size), self._spec(target)
+            self.rollout = None
+        src, dst = self._spec(old_rollout.size), self._spec(target)
         metrics: dict[str, float] = {}
         moved = 0
         t_state = time.perf_counter()
         for role in self.roles:
             t = time.perf_counter()
-            destination = self._destination(target, role, mesh) if new.trains else None
+            destination = self._destination(target, role, mesh) if trains else None
             parts["rebalance/materialize_seconds"] += time.perf_counter() - t
-            stats = move_role_state(getattr(state, ENGINES[role]), destination, src, dst,
+            stats = move_role_state(getattr(self, role), destination, src, dst,
                                     catalog=self.catalogs[role], recorder=self.recorder, trace_name=MOVES[role],
                                     step=steps[role])
             name = MOVES[role]
@@ -284,24 +304,24 @@ class SplitRebalance:
                             f"{name}/peak_extra_bytes": float(stats.peak_extra_bytes)})
             parts[f"{name}/seconds"] = stats.seconds
             moved += stats.bytes_moved
-            setattr(state, ENGINES[role], destination)
+            setattr(self, role, destination)
         parts["rebalance/state_move_seconds"] = time.perf_counter() - t_state
-        if new.generates and state.rollout is None:  # joins the rollout set: its engine opens the initial weights
+        if generates and self.rollout is None:  # joins the rollout set: its engine opens the initial weights
             t = time.perf_counter()
             self._join_stopping()  # an engine this rank stopped earlier shares the weight file's name
-            state.rollout = start_engine(self.cfg, self.model_dir, self.rank)
+            self.rollout = start_engine(self.cfg, self.model_dir, self.rank)
             parts["rebalance/engine_start_seconds"] = time.perf_counter() - t
-        state.ranks = new
-        state.sync = SubsetSync(self.hf_config, dst, new.rollout.first, new.rollout.size)
-        joined = target > old.rollout.size
-        parts["rebalance/resync_seconds"] = state.sync_weights(self.recorder).seconds if joined else 0.0
+        self.layout, self.rollout_layout, self.actor_first_rank = new, new_rollout, new.first_rank
+        self.sync = SubsetSync(self.hf_config, dst, new_rollout.first_rank, new_rollout.size)
+        joined = target > old_rollout.size
+        parts["rebalance/resync_seconds"] = self.sync_weights()[f"{SYNC}/seconds"] if joined else 0.0
         if leaving is not None and not on_gpu:  # the idle engine's shutdown overlaps the next step
             parts[STOP_S] = self._stop_in_background(leaving)
         # no barrier: this rank goes on to the next step; the parts are reduced in the next after_step
         own = time.perf_counter() - t0
-        parts[GENERATES_S], parts[TRAINS_S] = (own if new.generates else 0.0), (own if new.trains else 0.0)
+        parts[GENERATES_S], parts[TRAINS_S] = (own if generates else 0.0), (own if trains else 0.0)
         if self.recorder is not None:
-            self.recorder.add(MOVE_EVENT, 0, wall, own, {"from": old.rollout.size, "to": target})
+            self.recorder.add(MOVE_EVENT, 0, wall, own, {"from": old_rollout.size, "to": target})
         self.pending = PendingMove(parts, metrics, moved, world.build_seconds)
         self.prepare_moves(target)  # the moves from the new split, in the background
 
@@ -327,10 +347,11 @@ class SplitRebalance:
             thread.join(timeout=120)
         self.stopping.clear()
 
-    def close(self) -> None:
+    def close(self, failed: bool) -> None:
         """Local: every engine this rank stopped is gone, the builder and preparing threads have ended."""
         if self.preparing is not None:
             self.preparing.join(timeout=60)
         self._join_stopping()
         self.builder.join(timeout=60)
+        super().close(failed)
 

@@ -1,0 +1,96 @@
+"""placement=colocate: every role on every rank, phases one after another (what veRL's hybrid engine does).
+
+One vLLM engine spans all ranks (external_launcher: `rollout.tp` consecutive ranks per replica); the actor, reference
+and critic train in the `parallel.train` layout, and `parallel.schedule` changes that layout online before the steps
+it names (every engine's parameters and AdamW state move by VPS plan, `reshard/train_relayout/*`). The weights cross
+into vLLM's layout after every step (`reshard/train_to_rollout/*`).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from ...elastic.placement import WEIGHT_SYNC
+from ...parallel_layout import ParallelLayout, RolloutLayout, reached_by, switch_at
+from ...rollout.vllm_engine import VLLMRollout
+from ...tracking.timeline import record_step_phases
+from ...train.mesh import build_mesh
+from ...transition.relayout import layout_of, relayout
+from ...transition.sync import make_sync
+from ...transition.vps_mover import least_moving_layout, make_vps_mover
+from ..build import build_actor, write_initial_checkpoint
+from ..run import rollout_dtype
+from ..step import mean_over_world, reshard_metrics
+from .base import Runtime
+
+
+class ColocateRuntime(Runtime):
+    name = "colocate"
+
+    def start(self) -> None:
+        cfg, run, info = self.cfg, self.run, self.run.dist_info
+        self.layout = cfg.parallel.train_layout(master_weights=cfg.model.dtype != "float32")
+        self.schedule = cfg.parallel.layout_schedule()
+        self.rollout_layout = RolloutLayout(dist.get_world_size(), cfg.rollout.tp,
+                                            expert_parallel=cfg.rollout.expert_parallel)
+        self.actor = build_actor(cfg, run.source, build_mesh(self.layout))
+        self.model_dir = write_initial_checkpoint(run.source, self.actor, run.tokenizer, run.out_dir, info.node_rank,
+                                                  info.local_rank)
+        self.rollout = VLLMRollout(
+            str(self.model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
+            kv_cache_bytes=cfg.rollout.kv_cache_bytes, dtype=rollout_dtype(cfg), expert_parallel=cfg.rollout.expert_parallel,
+        )
+        self.recorder = self._recorder(WEIGHT_SYNC)
+        # only the VPS executor has rounds to trace; naive's gathers are not traced
+        self.sync = make_sync(cfg.rollout.sync, **({"recorder": self.recorder} if cfg.rollout.sync == "vps" else {}))
+
+    def before_step(self, step: int) -> dict[str, float]:
+        """A layout switch of parallel.schedule (after a resume: the layout the schedule had reached)."""
+        start = self.run.start_step
+        layout = switch_at(self.schedule, step) if step > start + 1 or start == 0 else reached_by(self.schedule, step)
+        return self.change_layout(layout) if layout is not None else {}
+
+    def change_layout(self, layout: ParallelLayout) -> dict[str, float]:
+        """Online change of the training layout: every engine's parameters and optimizer state move to `layout` in
+        these processes, in the mesh rank order whose plan moves the fewest bytes (vps.rank_order; all engines take
+        the actor's); each move's rounds are traced as train_relayout events."""
+        searching = time.perf_counter()
+        before, layout = layout_of(self.actor), least_moving_layout(self.actor, layout)
+        totals = {"seconds": time.perf_counter() - searching, "bytes_moved": 0.0, "rounds": 0.0, "peak_extra_bytes": 0.0}
+        for role in ("actor", "critic", "reference"):
+            engine = getattr(self, role)
+            if engine is None:
+                continue
+            mover = make_vps_mover(engine.model.config, in_place=True, recorder=self.recorder,
+                                   trace_name="train_relayout")
+            engine, stats = relayout(engine, layout, mover=mover)
+            setattr(self, role, engine)
+            totals["seconds"] += stats.seconds
+            totals["rounds"] += stats.rounds
+            totals["peak_extra_bytes"] = max(totals["peak_extra_bytes"], stats.peak_extra_bytes)
+            received = torch.tensor([stats.bytes_received], dtype=torch.float64)
+            dist.all_reduce(received)
+            totals["bytes_moved"] += float(received)
+        self.layout = layout
+        if self.rank == 0:
+            print(f"rlhf_dyna: training layout {before.describe()} -> {layout.describe()}: moved "
+                  f"{totals['bytes_moved'] / 2**20:,.1f} MiB in {totals['seconds']:.3f} s", flush=True)
+        return {f"reshard/train_relayout/{k}": v for k, v in totals.items()}
+
+    def sync_weights(self) -> dict[str, float]:
+        stats = self.sync.sync(self.actor, self.rollout)
+        return {"timing_s/weight_sync": stats.seconds, **reshard_metrics(f"reshard/{WEIGHT_SYNC}", stats)}
+
+    def finish_step(self, step: int, metrics: dict[str, float], started: float) -> dict[str, float]:
+        """Phase times averaged over the ranks; the phases this rank served on the run's timeline."""
+        if hasattr(self.actor, "pipeline_metrics"):
+            metrics.update(self.actor.pipeline_metrics())  # pp/bubble_fraction
+        timings = mean_over_world({k: v for k, v in metrics.items() if k.startswith("timing_s/")})
+        if self.recorder is not None:
+            record_step_phases(self.recorder, step, started, timings)
+        return {**metrics, **timings}
+
+    def checkpoint_layout(self) -> dict:
+        return {"pp": self.layout.pp, "dp": self.layout.dp, "tp": self.layout.tp, "zero": self.actor.zero}
