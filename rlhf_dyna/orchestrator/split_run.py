@@ -1,4 +1,4 @@
-"""placement=split live, staleness 0: generation on the rollout set, training on the train set, disjoint ranks.
+"""placement=split live (staleness 0 or 1): generation on the rollout set, training on the train set, disjoint ranks.
 
 Each rollout rank runs one tp=1 vLLM engine in its own process (rollout.subset_engine.SubsetVLLMRollout: an engine
 on a rank subset cannot join our world, ENVIRONMENT.md); the actor (and reference, and PPO's critic) live on an FSDP
@@ -172,7 +172,8 @@ def sync_metrics(stats, step_seconds: float) -> dict[str, float]:
 
 
 def run_split(cfg: Config, out_dir: Path, dist_info) -> None:
-    """The whole run of one rank under placement=split (checked before spawn: no resume, checkpoints or export)."""
+    """The whole run of one rank under placement=split, checkpoints, resume and policy export included (the train set
+    holds every engine and writes them; the rollout ranks save only their RNG state)."""
     from .split_rebalance import SplitRebalance  # it imports this module
 
     seed_everything(cfg.trainer.seed)
