@@ -36,7 +36,10 @@ TABLES: dict[str, dict[str, Callable[[], str]]] = {
         "sync_ab": lambda: doc_tables.sync_ab(BENCH),
     },
     "docs/bench/moe.md": {"bench_reshard_moe": lambda: doc_tables.moe_table(_json("bench_reshard_moe.json"))},
-    "docs/bench/pipeline.md": {"reshard_pp": lambda: doc_tables.reshard_pp(BENCH), "pp_step": lambda: doc_tables.pp_step(BENCH)},
+    "docs/bench/pipeline.md": {
+        "reshard_pp": lambda: doc_tables.reshard_pp(BENCH),
+        "pp_step": lambda: doc_tables.pp_step(BENCH),
+    },
     "docs/bench/loading.md": {"bench_load": lambda: doc_tables.load(BENCH)},
     "docs/bench/launch.md": {"launch_fork": lambda: doc_tables.launch(BENCH)},
     "docs/bench/placement.md": {
@@ -44,8 +47,14 @@ TABLES: dict[str, dict[str, Callable[[], str]]] = {
         "placements_live": lambda: doc_tables.placements_live(BENCH),
         "rebalance_moves": lambda: doc_tables.rebalance_moves(BENCH),
     },
-    "docs/bench/tuning.md": {"lift": lambda: doc_tables.lift(BENCH), "compare_algos": lambda: doc_tables.compare_algos(BENCH)},
-    "docs/bench/planning.md": {"bench_plan": lambda: doc_tables.planning(BENCH), "dry_run": lambda: doc_tables.dry_run(BENCH)},
+    "docs/bench/tuning.md": {
+        "lift": lambda: doc_tables.lift(BENCH),
+        "compare_algos": lambda: doc_tables.compare_algos(BENCH),
+    },
+    "docs/bench/planning.md": {
+        "bench_plan": lambda: doc_tables.planning(BENCH),
+        "dry_run": lambda: doc_tables.dry_run(BENCH),
+    },
 }
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from compare_algos import table as algos_table
 
 MIB = 2**20
+QUIET_OVERRIDES = ("tracking.", "trainer.save_last", "trainer.export_policy")  # a run's outputs, not its training
 # what each variant of an A/B run of scripts/profile_vllm_sync.py was (its --flags); "pooled" is the code of the day
 SYNC_VARIANTS = {
     "pooled": "the code of that day",
@@ -50,68 +51,76 @@ def _mib(value: float) -> str:
     return f"{value / MIB:,.1f}"
 
 
-def _world(overrides: list[str]) -> int:
-    return int(next(o.split("=")[1] for o in overrides if o.startswith("parallel.world_size=")))
+def _override(overrides: list[str], key: str) -> str:
+    return next(o.split("=", 1)[1] for o in overrides if o.startswith(f"{key}="))
 
 
 def _split(rollout_ranks: float, world: int) -> str:
     return f"{rollout_ranks:.0f}+{world - rollout_ranks:.0f}"  # rollout set + train set
 
 
-def _link(prefix: str, name: str) -> str:
-    return f"[`{name}`]({prefix}{name})"
-
-
 def results(bench: Path, prefix: str = "docs/bench/") -> str:
-    """README's summary: one line per benchmark, its headline figure, its JSON and date."""
+    """README's summary: one row per benchmark with its headline figure, its JSON and the JSON's date."""
+    rows = []
+
+    def row(what: str, measured: str, name: str, date: str) -> None:
+        rows.append(f"| {what} | {measured} | [`{name}`]({prefix}{name}), {day(date)} |")
+
     lift = read(bench, "grpo_tiny_lift.json")
     run = lift["runs"][0]
+    row("`python -m rlhf_dyna` (GRPO, tiny Llama, 2-digit addition)",
+        f"greedy eval accuracy {run['pre_warmup_accuracy']:.3f} at random init, {run['accuracy_after_warmup']:.3f} after "
+        f"the supervised warm-up, **{run['final_accuracy']:.3f}** after {run['final_step']} GRPO steps",
+        "grpo_tiny_lift.json", lift["date"])
+
     reshard = read(bench, "bench_reshard.json")
     big = max(reshard["params"], key=reshard["params"].get)
-    size = f"{reshard['params'][big] / 1e6:.0f}M"
+    size, world, tp = f"{reshard['params'][big] / 1e6:.0f}M", reshard["world"], reshard["rollout_tp"]
     sync, relayout = _rows(reshard, "train_to_vllm", big), _rows(reshard, "dp4_to_dp2tp2", big)
+    row(f"weight sync FSDP dp{world} -> real vLLM tp{tp} x dp{world // tp}, {size} parameters",
+        f"vps {sync['vps']['seconds']:.2f} s ({sync['vps']['x_floor']:.2f}x its floor); gather-everything baseline "
+        f"{sync['naive']['seconds']:.2f} s: vps **{_naive_over_vps(sync):.2f}x** faster", "bench_reshard.json", reshard["date"])
+    restart = relayout["checkpoint_restart"]["seconds"]
+    row(f"training layout dp{world} -> dp2 x tp2 with AdamW state, {size}",
+        f"vps {relayout['vps']['seconds']:.2f} s; DCP save + restart {restart:.1f} s: "
+        f"**{restart / relayout['vps']['seconds']:.0f}x**", "bench_reshard.json", reshard["date"])
+
     moe = read(bench, "bench_reshard_moe.json")
     moe_size = next(iter(moe["params"]))
     ep = _rows(moe, "train_to_vllm_moe_ep", moe_size)
-    pp = next(r for r in read(bench, "bench_reshard_pp.json")["rows"] if r["size"] == "60m")
-    pp_date = read(bench, "bench_reshard_pp.json")["machine"]["date"]
+    row(f"MoE weight sync into vLLM with expert parallelism, {moe['params'][moe_size] / 1e6:.0f}M",
+        f"vps {ep['vps']['seconds']:.2f} s, naive {ep['naive']['seconds']:.2f} s: "
+        f"**{ep['naive']['seconds'] / ep['vps']['seconds']:.1f}x**; {_mib(max(ep['floor']['vps_received_by_rank']))} MiB "
+        f"received per rank instead of {_mib(ep['floor']['naive_received_per_rank'])} MiB", "bench_reshard_moe.json",
+        moe["date"])
+
+    pp_report = read(bench, "bench_reshard_pp.json")
+    pp = next(r for r in pp_report["rows"] if r["transition"] == "dp4_to_pp2dp2" and r["params"] > 1e7)
+    row(f"dp4 -> pp2 x dp2 with AdamW state, {pp['params'] / 1e6:.0f}M",
+        f"vps {pp['vps_seconds']:.2f} s; DCP save + restart {pp['dcp_with_restart_seconds']:.0f} s: **{pp['speedup']:.0f}x**",
+        "bench_reshard_pp.json", pp_report["machine"]["date"])
+
     load = read(bench, "bench_load.json")
-    dp_only = next(lay for lay in load["layouts"] if lay["tp"] == 1)
+    dp_only = next(layout for layout in load["layouts"] if layout["tp"] == 1)["ranks"]
+    row(f"loading a {load['model']['parameters'] / 1e6:.0f}M bf16 checkpoint on {load['world']} ranks (dp)",
+        f"peak memory growth per rank **{max(r['per_shard_peak_mib'] for r in dp_only):.0f} MiB** reading only its "
+        f"shard, {max(r['full_model_peak_mib'] for r in dp_only):.0f} MiB loading the whole model", "bench_load.json",
+        load["date"])
+
     launch = read(bench, "launch_fork.json")
+    row(f"start of {_override(launch['overrides'], 'parallel.world_size')} local ranks, a "
+        f"{_override(launch['overrides'], 'trainer.total_steps')}-step run",
+        f"{launch['fork_wall_s']:.1f} s forked from one import, {launch['exec_wall_s']:.1f} s each rank importing: "
+        f"**{launch['exec_over_fork']:.2f}x**", "launch_fork.json", launch["date"])
+
     rebalance = read(bench, "placement_rebalance.json")
     move = next(p for p in rebalance["placements"].values() if p.get("moves"))["moves"][0]
-    world = _world(rebalance["overrides"])
-    lines = [
-        "| what | measured | data |", "|---|---|---|",
-        f"| `python -m rlhf_dyna` (GRPO, tiny Llama, 2-digit addition) | greedy eval accuracy "
-        f"{run['pre_warmup_accuracy']:.3f} at random init, {run['accuracy_after_warmup']:.3f} after the supervised warm-up, "
-        f"**{run['final_accuracy']:.3f}** after {run['final_step']} GRPO steps | {_link(prefix, 'grpo_tiny_lift.json')}, "
-        f"{day(lift['date'])} |",
-        f"| weight sync FSDP dp4 -> real vLLM tp2 x dp2, {size} parameters | vps {sync['vps']['seconds']:.2f} s "
-        f"({sync['vps']['x_floor']:.2f}x its floor); gather-everything baseline {sync['naive']['seconds']:.2f} s: vps "
-        f"**{_naive_over_vps(sync):.2f}x** faster | {_link(prefix, 'bench_reshard.json')}, {day(reshard['date'])} |",
-        f"| training layout dp4 -> dp2 x tp2 with AdamW state, {size} | vps {relayout['vps']['seconds']:.2f} s; DCP save + "
-        f"restart {relayout['checkpoint_restart']['seconds']:.1f} s: **{relayout['checkpoint_restart']['seconds'] / relayout['vps']['seconds']:.0f}x** "
-        f"| {_link(prefix, 'bench_reshard.json')}, {day(reshard['date'])} |",
-        f"| MoE weight sync into vLLM with expert parallelism, {moe['params'][moe_size] / 1e6:.0f}M | vps "
-        f"{ep['vps']['seconds']:.2f} s, naive {ep['naive']['seconds']:.2f} s: **{ep['naive']['seconds'] / ep['vps']['seconds']:.1f}x**; "
-        f"{max(ep['floor']['vps_received_by_rank']) / MIB:.1f} MiB received per rank instead of "
-        f"{ep['floor']['naive_received_per_rank'] / MIB:.1f} MiB | {_link(prefix, 'bench_reshard_moe.json')}, {day(moe['date'])} |",
-        f"| dp4 -> pp2 x dp2 with AdamW state, {pp['params'] / 1e6:.0f}M | vps {pp['vps_seconds']:.2f} s; DCP save + "
-        f"restart {pp['dcp_with_restart_seconds']:.0f} s: **{pp['speedup']:.0f}x** | {_link(prefix, 'bench_reshard_pp.json')}, "
-        f"{day(pp_date)} |",
-        f"| loading a {load['model']['parameters'] / 1e6:.0f}M bf16 checkpoint on {load['world']} ranks (dp) | peak per "
-        f"rank **{max(r['per_shard_peak_mib'] for r in dp_only['ranks']):.0f} MiB** reading only its shard, "
-        f"{max(r['full_model_peak_mib'] for r in dp_only['ranks']):.0f} MiB loading the whole model | "
-        f"{_link(prefix, 'bench_load.json')}, {day(load['date'])} |",
-        f"| start of 4 local ranks, a 3-step run | {launch['fork_wall_s']:.1f} s forked from one import, "
-        f"{launch['exec_wall_s']:.1f} s each rank importing: **{launch['exec_over_fork']:.2f}x** | "
-        f"{_link(prefix, 'launch_fork.json')}, {day(launch['date'])} |",
-        f"| automatic re-balancing of a split run ({_split(move['from_rollout_ranks'], world)} -> "
-        f"{_split(move['to_rollout_ranks'], world)} ranks) | the move cost the step it served {move['lost_s']:.3f} s, **{100 * move['share_of_its_step']:.1f}%** | "
-        f"{_link(prefix, 'placement_rebalance.json')}, {day(rebalance['date'])} |",
-    ]
-    return "\n".join(lines)
+    ranks = int(_override(rebalance["overrides"], "parallel.world_size"))
+    row(f"automatic re-balancing of a split run ({_split(move['from_rollout_ranks'], ranks)} -> "
+        f"{_split(move['to_rollout_ranks'], ranks)} ranks)",
+        f"the move cost the step it served {move['lost_s']:.3f} s, **{100 * move['share_of_its_step']:.1f}%**",
+        "placement_rebalance.json", rebalance["date"])
+    return "\n".join(["| what | measured | data |", "|---|---|---|", *rows])
 
 
 def reshard_history(bench: Path) -> str:
@@ -212,7 +221,7 @@ def rebalance_moves(bench: Path) -> str:
              "share of the step it served | that step lost s | measured gain s |", "|---|---|---|---|---|---|---|---|---|"]
     for name in ("placement_rebalance.json", "runs/placement_rebalance_before_background_prep.json"):
         report = read(bench, name)
-        world = _world(report["overrides"])
+        world = int(_override(report["overrides"], "parallel.world_size"))
         for s in report["placements"].values():
             for m in s.get("moves", []):
                 lost = f"{m['lost_s']:.3f}" if "lost_s" in m else "not logged then"
@@ -225,10 +234,11 @@ def rebalance_moves(bench: Path) -> str:
 
 def launch(bench: Path) -> str:
     report = read(bench, "launch_fork.json")
-    return (f"| ranks import for themselves (exec) | forked from one import | exec / fork | same metrics |\n|---|---|---|---|\n"
-            f"| {report['exec_wall_s']:.1f} s | {report['fork_wall_s']:.1f} s | {report['exec_over_fork']:.2f}x | "
-            f"{'yes' if report['same_metrics'] else 'NO'} |\n\nData: `launch_fork.json` ({report['date']}, {report['machine']}, "
-            f"load average {report['load_average_after'][0]:.1f} after the runs); overrides: `{' '.join(report['overrides'])}`.")
+    table = ("| ranks import for themselves (exec) | forked from one import | exec / fork | same metrics |\n|---|---|---|---|\n"
+             f"| {report['exec_wall_s']:.1f} s | {report['fork_wall_s']:.1f} s | {report['exec_over_fork']:.2f}x | "
+             f"{'yes' if report['same_metrics'] else 'NO'} |")
+    return table + (f"\n\nData: `launch_fork.json` ({report['date']}, {report['machine']}, load average "
+                     f"{report['load_average_after'][0]:.1f} after the runs); overrides: `{' '.join(report['overrides'])}`.")
 
 
 def lift(bench: Path) -> str:
@@ -237,10 +247,11 @@ def lift(bench: Path) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for name in ("grpo_tiny_lift.json", "grpo_tiny_tuning.json"):
         report = read(bench, name)
-        where = f"[`{name}`]({name}) ({report['date']}, load {report['load_average_start_end'][0]}-{report['load_average_start_end'][1]})"
+        low, high = report["load_average_start_end"]
+        where = f"[`{name}`]({name}) ({report['date']}, load {low}-{high})"
         for run in report["runs"]:
-            own = [o for o in run["overrides"] if not o.startswith(("tracking.", "trainer.save_last", "trainer.export_policy"))]
-            lines.append(f"| {where} | {run['run_dir']} | `{' '.join(own) or '(the recipe of that day)'}` | {run['final_step']} | "
+            own = " ".join(o for o in run["overrides"] if not o.startswith(QUIET_OVERRIDES)) or "(the recipe of that day)"
+            lines.append(f"| {where} | {run['run_dir']} | `{own}` | {run['final_step']} | "
                          f"{run['accuracy_after_warmup']:.3f} | {run['final_accuracy']:.3f} | {run['rl_lift']:+.3f} | "
                          f"{run['best_accuracy']:.3f} | {run['wall_s']:.0f} |")
             where = ""
