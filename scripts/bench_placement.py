@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.doc_tables import placement_table
 from rlhf_dyna.elastic.placement import ACTOR, CRITIC, ROLLOUT
 from rlhf_dyna.elastic.policies import PolicyRequest
 from rlhf_dyna.parallel_layout import ParallelLayout
@@ -182,23 +183,8 @@ def main() -> None:
         print(key)
         for r in result["simulation"][key]:
             print(f"  {r['policy']:<22} step {r['step_s']:.4f} s  transitions {r['transition_s']:.4f} s  {r['sets']}")
-    print(markdown(result))
+    print(placement_table(result))
     print(f"wrote {path}")
-
-
-def markdown(result: dict) -> str:
-    """The README's tables, from the JSON."""
-    lines = ["| ranks | generate s | prepare s | train actor s | train critic s | weight sync s | step s |",
-             "|---|---|---|---|---|---|---|"]
-    for n, t in sorted(result["measured"]["ppo"].items(), key=lambda kv: int(kv[0])):
-        lines.append(f"| {n} | {t['generate']:.2f} | {t['prepare']:.2f} | {t['train_actor']:.2f} | "
-                     f"{t['train_critic']:.2f} | {t['weight_sync']:.2f} | {t['step']:.2f} |")
-    for key in ("ppo_tiny_8gpu", "grpo_70b_128gpu"):
-        lines += ["", f"{key}:", "", "| policy | sets | step s | transitions s |", "|---|---|---|---|"]
-        for r in result["simulation"][key]:
-            sets = ", ".join(f"{k} {v}" for k, v in r["sets"].items())
-            lines.append(f"| {r['policy']} | {sets} | {r['step_s']:.3f} | {r['transition_s']:.4f} |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Reported: CPU seconds of this (single-threaded) process, so that other load on a
 does not count; wall seconds beside them.
 
     python scripts/bench_plan.py            # both settings of the issue, best of 3 cold runs each
+    python scripts/bench_plan.py --out docs/bench/bench_plan.json   # and the figures as JSON (date, machine, load)
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core: no threaded numpy ker
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from rlhf_dyna.models.catalog_presets import preset_catalog  # noqa: E402
 from rlhf_dyna.vps.layout import build_layout  # noqa: E402
@@ -43,7 +46,9 @@ def cold_plan(model: str, src: ParallelSpec, dst: ParallelSpec) -> tuple[float, 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="write the figures as JSON to this file")
     args = parser.parse_args()
+    load_start, cases = os.getloadavg(), {}
     cold_plan("llama3_8b", ParallelSpec(dp=2), ParallelSpec(Phase.ROLLOUT, tp=2))  # warm the interpreter only
     for name, (model, src, dst, target) in CASES.items():
         times, info = [], {}
@@ -54,6 +59,12 @@ def main() -> None:
         print(f"{name:<22} {src.describe()} -> {dst.describe()}")
         print(f"{'':<22} cold planning best {best:.3f} CPU s (runs: {', '.join(f'{t:.3f}' for t in times)}), "
               f"target < {target} s: {'met' if best < target else 'MISSED'}; {info}")
+        cases[name] = dict(src=src.describe(), dst=dst.describe(), cpu_s_runs=times, best_cpu_s=best, target_s=target, **info)
+    if args.out:
+        report = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=f"{os.cpu_count()} CPU cores",
+                      load_average_start=load_start, load_average_end=os.getloadavg(), cases=cases)
+        args.out.write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import statistics
 import time
 from pathlib import Path
 
-LABELS = {  # transition -> what it is, for the README table
+LABELS = {  # transition -> what it is, for the table in docs/bench/reshard.md
     "train_to_vllm": "FSDP dp4 -> **real vLLM** tp2 x dp2 (install included)",
     "train_to_vllm_like": "FSDP dp4 -> vLLM-like buffers tp2 x dp2 (no engine)",
     "dp4_to_dp2tp2": "dp4 -> dp2 x tp2, AdamW",
@@ -158,7 +158,7 @@ def _s(row: dict | None) -> str:
 
 
 def markdown(report: dict) -> str:
-    """The README's table of a bench_reshard.json: seconds of the slowest rank, medians of paired runs."""
+    """docs/bench/reshard.md's table of a bench_reshard.json: seconds of the slowest rank, medians of paired runs."""
     rows, params = report["rows"], report["params"]
     lines = ["| size | transition | floor: wire + repack | **vps** (x floor) | naive | naive / vps | DTensor redistribute "
              "| DCP save+load | DCP + restart | MiB moved: vps / naive | vps peak extra MiB |", "|" + "---|" * 11]
@@ -177,8 +177,7 @@ def markdown(report: dict) -> str:
                          f"{_s(got.get('redistribute'))} | {_s(got.get('checkpoint'))} | {_s(got.get('checkpoint_restart'))} | "
                          f"{moved} | {_mb(vps['peak_extra_bytes'])} |")
     stamp = f"{report.get('date', 'undated')}, {report.get('machine', 'machine unrecorded')}, {report['world']} gloo ranks"
-    return "\n".join(lines) + f"\n\nData: `docs/bench/bench_reshard.json` ({stamp}); table: `python scripts/bench_report.py " \
-        "docs/bench/bench_reshard.json --readme README.md`."
+    return "\n".join(lines) + f"\n\nData: `docs/bench/bench_reshard.json` ({stamp}); table: `python scripts/docs_tables.py`."
 
 
 def replace_table(readme: Path, begin: str, end: str, table: str) -> None:
@@ -191,7 +190,7 @@ def replace_table(readme: Path, begin: str, end: str, table: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="bench_reshard.json -> markdown table (stdout, or into README.md)")
+    parser = argparse.ArgumentParser(description="bench_reshard.json -> markdown table (stdout, or into a page)")
     parser.add_argument("json", type=Path)
     parser.add_argument("--readme", type=Path, help=f"replace the text between {BEGIN} and {END} in this file")
     args = parser.parse_args()

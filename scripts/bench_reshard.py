@@ -18,7 +18,7 @@ is consumed): each run gets a fresh source (rebuilt untimed, same values); shard
 
     python scripts/bench_reshard.py --sizes 60m,300m --out bench_out
     python scripts/bench_reshard.py --quick --out /tmp/bench      # tiny model, ~2 min
-    python scripts/bench_report.py docs/bench/bench_reshard.json --readme README.md   # the README table from the JSON
+    python scripts/docs_tables.py   # after copying bench_out/bench_reshard.json to docs/bench/: the tables of the docs
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ count from the live vLLM engine (its MoE layers' expert maps and per-partition w
 
     python scripts/bench_reshard_moe.py --sizes moe100m --out bench_out   # then copy bench_out/bench_reshard_moe.json
     python scripts/bench_reshard_moe.py --quick --out /tmp/bench_moe      # moe1m, a few minutes
-    python scripts/bench_reshard_moe.py --report docs/bench/bench_reshard_moe.json --readme README.md   # the table
+    python scripts/docs_tables.py   # then the table in docs/bench/moe.md
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from bench.doc_tables import moe_table
 from bench.ranks import init_rank, launch
 from bench.vllm_rows import whole_plan, bench_to_vllm
 from bench_report import machine, replace_table, run_stamp, summarize
@@ -44,8 +45,6 @@ WORLD = 4
 ROLLOUT_TP = 4  # vLLM 0.32's CPU MoE layers cannot run DP replicas (checks.moe): one TP group over the world
 REPEATS = 3
 TARGETS = {"train_to_vllm_moe": False, "train_to_vllm_moe_ep": True}  # name -> vLLM's enable_expert_parallel
-LABELS = {"train_to_vllm_moe": "FSDP dp4 -> real vLLM tp4, experts TP-sliced",
-          "train_to_vllm_moe_ep": "FSDP dp4 -> real vLLM tp4, **expert parallel**"}
 BEGIN, END = "<!-- bench_reshard_moe:begin -->", "<!-- bench_reshard_moe:end -->"
 
 
@@ -125,37 +124,8 @@ def measure(size: str, target: str, out: Path) -> list[dict]:
     return rows
 
 
-def _mb(value: float) -> str:
-    return f"{value / 2**20:,.1f}"
-
-
-def markdown(report: dict) -> str:
-    """The README's table of a bench_reshard_moe.json: seconds of the slowest rank, medians of paired runs."""
-    lines = ["| size | target | floor: wire + repack | **vps** (x floor) | naive | naive / vps | MiB each rollout rank "
-             "receives: vps (max) / naive | experts per rank | expert MiB per rank (= live vLLM) | vps peak extra MiB |",
-             "|" + "---|" * 10]
-    for size, params in report["params"].items():
-        for target in report["targets"]:
-            got = {r["method"]: r for r in report["rows"] if r["size"] == size and r["transition"] == target}
-            if "vps" not in got:
-                continue
-            floor, vps, naive = got["floor"], got["vps"], got["naive"]
-            ok = "" if all(r["correct"] for r in got.values()) else " **(mismatch)**"
-            experts = "/".join(str(len(e)) for e in floor["experts_by_rank"])
-            width = "" if floor["expert_parallel"] else f" (width {floor['expert_width_by_rank'][0]} each)"
-            lines.append(f"| {params / 1e6:.0f}M | {LABELS[target]}{ok} | {floor['wire_seconds']:.3f} + "
-                         f"{floor['repack_seconds']:.3f} | **{vps['seconds']:.3f}** ({vps['x_floor']:.2f}x) | "
-                         f"{naive['seconds']:.3f} | {naive['seconds'] / vps['seconds']:.1f}x | "
-                         f"{_mb(max(floor['vps_received_by_rank']))} / {_mb(floor['naive_received_per_rank'])} | "
-                         f"{experts}{width} | {_mb(max(floor['planned_expert_bytes_by_rank']))} | "
-                         f"{_mb(vps['peak_extra_bytes'])} |")
-    stamp = f"{report['date']}, {report['machine']}, {report['world']} gloo ranks"
-    return "\n".join(lines) + f"\n\nData: `docs/bench/bench_reshard_moe.json` ({stamp}); table: `python " \
-        "scripts/bench_reshard_moe.py --report docs/bench/bench_reshard_moe.json --readme README.md`."
-
-
 def write_readme(report_path: Path, readme: Path) -> None:
-    replace_table(readme, BEGIN, END, markdown(json.loads(report_path.read_text())))
+    replace_table(readme, BEGIN, END, moe_table(json.loads(report_path.read_text())))
     print(f"{readme}: table regenerated from {report_path}")
 
 
@@ -169,7 +139,7 @@ def main() -> None:
     parser.add_argument("--readme", type=Path, help=f"with --report: replace the text between {BEGIN} and {END}")
     args = parser.parse_args()
     if args.report:
-        return write_readme(args.report, args.readme) if args.readme else print(markdown(json.loads(args.report.read_text())))
+        return write_readme(args.report, args.readme) if args.readme else print(moe_table(json.loads(args.report.read_text())))
     sizes, targets = ["moe1m"] if args.quick else args.sizes.split(","), args.targets.split(",")
     bad = [s for s in sizes if s not in SIZES] + [t for t in targets if t not in TARGETS]
     if bad:
@@ -187,7 +157,7 @@ def main() -> None:
                   floor="per vps run: the plan's pair matrix replayed right before it (one contiguous message per pair) "
                         "+ vLLM's install (repack) of the rank's shard from local memory", rows=rows)
     (out / "bench_reshard_moe.json").write_text(json.dumps(report, indent=1))
-    print(markdown(report))
+    print(moe_table(report))
     print(f"wrote {out / 'bench_reshard_moe.json'}")
 
 

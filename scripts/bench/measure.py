@@ -28,7 +28,7 @@ class PeakExtraMemory:
     """Peak resident memory above the level at entry (CPU ranks), from the kernel's own high-water mark: reset at
     entry (`/proc/self/clear_refs` 5), read at exit. It sees every buffer a method allocates, torch's or a
     library's, however short-lived, and costs nothing while the block runs: a sampling thread waking every 2 ms
-    made a timed sync 9% slower on ranks that share their cores (README). Where the reset is refused, a thread
+    made a timed sync 9% slower on ranks that share their cores (docs/bench/reshard.md). Where the reset is refused, a thread
     samples every `interval_s` instead (missing peaks shorter than that); `sampling=True` forces the thread."""
 
     def __init__(self, interval_s: float = 0.002, sampling: bool = False) -> None:
