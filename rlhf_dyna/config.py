@@ -17,7 +17,7 @@ from .parallel_layout import LayoutSwitch, ParallelLayout
 
 @dataclass
 class ModelConfig:
-    arch: str = "llama"  # llama | qwen2 | qwen3 | qwen3_moe
+    arch: str = "llama"  # a live entry of models/architectures.py: llama | qwen2 | qwen3 | qwen3_moe
     path: Optional[str] = None  # local HF checkpoint dir (config.json + *.safetensors); None = random init
     vocab_size: int = 32  # tiny recipes: replaced by the task tokenizer's size
     hidden_size: int = 64
@@ -107,6 +107,7 @@ class AlgorithmConfig:
     kl_target: float = 0.1  # adaptive: the KL per token the coefficient steers to
     kl_horizon: int = 10000  # adaptive: samples over which a 20 % error changes the coefficient by 20 %
     adv_estimator: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae
+    policy_loss: str = "ppo"  # ppo (clipped surrogate, dual-clip): a name registered in algos.losses.POLICY_LOSSES
     grpo_std: str = "population"  # grpo: population (divide by n) | unbiased (n - 1, as veRL / TRL)
     norm_adv_by_std: bool = True  # grpo: divide by the group's std (False = dr_grpo's advantages)
     loss_agg: str = "token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum | seq_mean_token_sum_norm

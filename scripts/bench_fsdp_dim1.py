@@ -35,13 +35,13 @@ def build(size: str, dim1: bool, seed: int = 0):
     from transformers import LlamaForCausalLM
 
     from rlhf_dyna.models.build import make_hf_config
-    from rlhf_dyna.train.parallelize import decoder_layers, fsdp_shard_dim
+    from rlhf_dyna.train.parallelize import decoder_layers, fsdp_shard_dim, row_parallel_weights
 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(make_hf_config(SIZES[size]))
     mesh = init_device_mesh("cpu", (WORLD,))
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, shard_placement_fn=fsdp_shard_dim(layer, WORLD) if dim1 else None)
+        fully_shard(layer, mesh=mesh, shard_placement_fn=fsdp_shard_dim(layer, WORLD, row_parallel_weights(model.config)) if dim1 else None)
     fully_shard(model, mesh=mesh)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-5)
 

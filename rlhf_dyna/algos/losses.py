@@ -12,6 +12,8 @@ micro-batches or dp ranks gives the whole batch's value when each part divides b
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -96,6 +98,32 @@ def policy_loss_tokens(
         terms = {"pg_clipfrac": (clipped > unclipped) & ~lower, "pg_clipfrac_lower": lower,
                  "ppo_kl": -log_ratio, "ratio_mean": ratio}
     return loss_mat, {k: v.to(logprobs.dtype).detach() for k, v in terms.items()}
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    name: str
+    fn: Callable  # (logprobs, old_logprobs, advantages, alg) -> (per-token loss [B, T], per-token metric terms)
+    needs_old_logprobs: bool = True  # an importance ratio against the policy that generated the samples
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str, needs_old_logprobs: bool = True):
+    """Decorator: registers `fn` as the policy loss `name` (`algorithm.policy_loss` names one)."""
+    def add(fn: Callable) -> Callable:
+        POLICY_LOSSES[name] = PolicyLoss(name, fn, needs_old_logprobs)
+        return fn
+
+    return add
+
+
+@register_policy_loss("ppo")
+def ppo_clip(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, alg) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's clipped surrogate with asymmetric clips and dual-clip (policy_loss_tokens)."""
+    dual_clip = alg.clip_ratio_c if alg.clip_ratio_c > 0 else None
+    return policy_loss_tokens(logprobs, old_logprobs, advantages, alg.clip_eps_low, alg.clip_eps_high, dual_clip)
 
 
 def policy_loss(

@@ -1,32 +1,40 @@
-"""Checks of `algorithm.*` that span several keys (estimator vs. critic, KL placement, group size)."""
+"""Checks of `algorithm.*` that span several keys, read from the estimators' registrations (algos.estimators):
+the critic an estimator needs, its group size, where the KL penalty can go."""
 from __future__ import annotations
 
-from ..algos.choices import ADV_ESTIMATORS, GROUP_BASELINE, SEQUENCE_LEVEL
+from ..algos.estimators import ESTIMATORS, SEQUENCE
 from ..config import Config
 from .errors import ConfigError
 
 
 def check_algorithm(cfg: Config, error: type[Exception] = ConfigError) -> None:
     alg, n = cfg.algorithm, cfg.rollout.n
-    est = alg.adv_estimator
-    if est not in ADV_ESTIMATORS:
-        raise error(f"algorithm.adv_estimator={est!r} is not a valid choice; valid: {', '.join(ADV_ESTIMATORS)}.")
-    if (est == "gae") != (alg.name == "ppo"):
+    if alg.adv_estimator not in ESTIMATORS:
+        raise error(f"algorithm.adv_estimator={alg.adv_estimator!r} is not a valid choice; valid: "
+                    f"{', '.join(ESTIMATORS)}.")
+    est = ESTIMATORS[alg.adv_estimator]
+    with_critic = [e.name for e in ESTIMATORS.values() if e.needs_critic]
+    if est.needs_critic != (alg.name == "ppo"):
+        without = [e.name for e in ESTIMATORS.values() if not e.needs_critic]
+        need = f"{est.name} needs the critic that only algorithm.name=ppo trains" if est.needs_critic else \
+            f"algorithm.name=ppo trains a critic, and ppo's critic is read only by {', '.join(with_critic)}"
         raise error(
-            f"algorithm.adv_estimator={est} with algorithm.name={alg.name}: gae needs the critic that only "
-            f"algorithm.name=ppo trains, and ppo's critic is read only by gae. Use algorithm=ppo (adv_estimator=gae), "
-            f"or algorithm=grpo with adv_estimator among {', '.join(e for e in ADV_ESTIMATORS if e != 'gae')}."
+            f"algorithm.adv_estimator={est.name} with algorithm.name={alg.name}: {need}. Use algorithm=ppo "
+            f"(adv_estimator among {', '.join(with_critic)}), or algorithm=grpo with adv_estimator among "
+            f"{', '.join(without)}."
         )
-    if est in GROUP_BASELINE and n < 2:
+    if est.group_baseline and n < 2:
+        alone = [e.name for e in ESTIMATORS.values() if not e.group_baseline and not e.needs_critic]
         raise error(
-            f"algorithm.adv_estimator={est} with rollout.n={n}: its baseline comes from the other samples of the "
-            f"same prompt, so it needs rollout.n >= 2 (e.g. 8); adv_estimator=reinforce_plus_plus works with n=1."
+            f"algorithm.adv_estimator={est.name} with rollout.n={n}: its baseline comes from the other samples of the "
+            f"same prompt, so it needs rollout.n >= 2 (e.g. 8); adv_estimator={' or '.join(alone)} works with n=1."
         )
-    if est in SEQUENCE_LEVEL and alg.kl_in_reward and alg.kl_coef > 0:
+    if est.level == SEQUENCE and alg.kl_in_reward and alg.kl_coef > 0:
+        per_token = [e.name for e in ESTIMATORS.values() if e.level != SEQUENCE]
         raise error(
-            f"algorithm.kl_in_reward=true with adv_estimator={est}: a sequence-level estimator has no per-token "
+            f"algorithm.kl_in_reward=true with adv_estimator={est.name}: a sequence-level estimator has no per-token "
             f"rewards to put the KL in. Set algorithm.kl_in_reward=false (the KL then goes into the loss), or use "
-            f"adv_estimator=reinforce_plus_plus, reinforce_plus_plus_baseline or gae."
+            f"adv_estimator among {', '.join(per_token)}."
         )
     if alg.kl_ctrl == "adaptive" and alg.kl_coef <= 0:
         raise error(

@@ -2,7 +2,11 @@
 vLLM's TP groups fit it, each step's rows split evenly, and what the live engines cannot run yet is refused."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from ..config import Config, ModelConfig
+from ..models.architectures import live_architectures
 from ..parallel_layout import LayoutError, ParallelLayout, divisors
 from .errors import ConfigError
 from .moe import MoeConfigError, check_moe_live, is_moe
@@ -89,9 +93,22 @@ def check_batch_split(cfg: Config) -> None:
             )
 
 
+def run_model_type(cfg: Config) -> str:
+    """The architecture the run trains: the checkpoint's model_type, else model.arch."""
+    config = Path(cfg.model.path) / "config.json" if cfg.model.path else None
+    if config is not None and config.is_file():
+        return json.loads(config.read_text()).get("model_type", cfg.model.arch)
+    return cfg.model.arch
+
+
 def check_runs_live(cfg: Config) -> None:
     """What the dry run plans but the live engines cannot run yet, refused before spawn."""
-    t = cfg.parallel.train
+    t, model_type = cfg.parallel.train, run_model_type(cfg)
+    if model_type not in live_architectures():
+        raise ConfigError(
+            f"model_type={model_type!r} does not train live: the live architectures are "
+            f"{', '.join(live_architectures())}. Add it to rlhf_dyna/models/architectures.py (docs/extending.md), "
+            f"or plan this configuration without devices with dry_run=true.")
     if is_moe(cfg) or cfg.rollout.expert_parallel:  # MoE runs live at ep=1; checks.moe says what else it needs
         try:
             check_moe_live(cfg, on_cpu=cfg.parallel.device == "cpu" or cuda_device_count() == 0)

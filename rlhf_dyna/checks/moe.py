@@ -3,6 +3,7 @@ as one TP group, with or without vLLM's expert parallelism) and what not (expert
 from __future__ import annotations
 
 from ..config import Config
+from ..models.architectures import ARCHITECTURES
 from ..parallel_layout import LayoutError
 
 CPU_MOE_ALIGNMENT = 32  # vLLM 0.32's CPU MoE kernel pads each rank's expert intermediate dim to a multiple of this
@@ -13,7 +14,7 @@ class MoeConfigError(ValueError):
 
 
 def is_moe(cfg: Config) -> bool:
-    return cfg.model.arch == "qwen3_moe" or cfg.model.num_experts > 0
+    return ARCHITECTURES[cfg.model.arch].experts is not None or cfg.model.num_experts > 0
 
 
 def moe_live_problems(cfg: Config, on_cpu: bool) -> list[str]:

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from ..algos.choices import KL_CONTROLLERS, KL_ESTIMATOR_NAMES, LOSS_AGGS
+from ..algos.losses import POLICY_LOSSES
 from ..config import Config
+from ..models.architectures import live_architectures
 from .errors import ConfigError
 
 CHOICES = {
     "algorithm.name": ("grpo", "ppo"),
     "algorithm.loss_agg": (*LOSS_AGGS, "seq_mean"),
+    "algorithm.policy_loss": tuple(POLICY_LOSSES),
     "algorithm.kl_estimator": KL_ESTIMATOR_NAMES,
     "algorithm.kl_ctrl": KL_CONTROLLERS,
     "algorithm.grpo_std": ("population", "unbiased"),
@@ -17,7 +20,7 @@ CHOICES = {
     "tracking.wandb_mode": ("offline", "online", "disabled"),
     "trainer.precision": ("fp32", "bf16"),
     "parallel.device": ("auto", "cpu", "cuda"),
-    "model.arch": ("llama", "qwen2", "qwen3", "qwen3_moe"),
+    "model.arch": tuple(live_architectures()),
     "model.dtype": ("float32", "bfloat16", "float16"),
 }
 

@@ -12,18 +12,11 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput
 
+from .architectures import ARCHITECTURES, live_architectures
 from .moe_weights import to_checkpoint_names
 
 WEIGHTS_FILE = "model.safetensors"
 VALUE_HEAD = "value_head"
-
-# arch -> (HF model_type, causal-LM class name that vLLM looks up in config.architectures)
-ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "llama": ("llama", "LlamaForCausalLM"),
-    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
-    "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
-}
 
 
 @dataclass(frozen=True)
@@ -50,9 +43,10 @@ class ModelSpec:
 
 
 def _moe_fields(spec: ModelSpec) -> dict:
-    if spec.arch != "qwen3_moe":
+    if ARCHITECTURES[spec.arch].experts is None:
         if spec.num_experts:
-            raise ValueError(f"num_experts={spec.num_experts} on arch={spec.arch!r}: experts need arch='qwen3_moe'")
+            raise ValueError(f"num_experts={spec.num_experts} on arch={spec.arch!r}: experts need an MoE architecture, "
+                             f"e.g. arch='qwen3_moe'")
         return {}
     if not 0 < spec.num_experts_per_tok <= spec.num_experts or spec.moe_intermediate_size <= 0:
         raise ValueError(f"arch='qwen3_moe' needs 0 < num_experts_per_tok <= num_experts and moe_intermediate_size > 0; "
@@ -64,13 +58,12 @@ def _moe_fields(spec: ModelSpec) -> dict:
 
 
 def make_hf_config(spec: ModelSpec) -> PretrainedConfig:
-    if spec.arch not in ARCHITECTURES:
-        raise ValueError(f"arch={spec.arch!r} is not one of {sorted(ARCHITECTURES)}")
+    if spec.arch not in live_architectures():
+        raise ValueError(f"arch={spec.arch!r} is not one of {live_architectures()}")
     if spec.hidden_size % spec.num_attention_heads:
         raise ValueError(f"hidden_size={spec.hidden_size} is not divisible by num_attention_heads={spec.num_attention_heads}")
-    model_type, causal_lm_class = ARCHITECTURES[spec.arch]
     config = AutoConfig.for_model(
-        model_type,
+        spec.arch,
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -86,7 +79,7 @@ def make_hf_config(spec: ModelSpec) -> PretrainedConfig:
         bos_token_id=spec.bos_token_id,
         eos_token_id=spec.eos_token_id,
         pad_token_id=spec.pad_token_id,
-        architectures=[causal_lm_class],
+        architectures=[ARCHITECTURES[spec.arch].causal_lm],
         **_moe_fields(spec),
     )
     return config

@@ -10,21 +10,15 @@ from typing import Any
 
 from rlhf_dyna.vps.model import CatalogTensor, ModelCatalog, ModelDims, Role
 
-DENSE_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
-MOE_ARCHS = ("qwen3_moe", "mixtral")
+from .architectures import Architecture, architecture
 
 
 def dims_from_config(cfg: Any) -> ModelDims:
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or 0
-    moe_layers: tuple[int, ...] = ()
-    if cfg.model_type == "qwen3_moe":
-        skip = set(cfg.mlp_only_layers or [])
-        step = cfg.decoder_sparse_step
-        moe_layers = tuple(i for i in range(cfg.num_hidden_layers) if i not in skip and experts and (i + 1) % step == 0)
-    elif cfg.model_type == "mixtral":
-        moe_layers = tuple(range(cfg.num_hidden_layers))
+    moe = architecture(cfg.model_type).experts
+    moe_layers = moe.sparse_layers(cfg) if moe is not None and experts else ()
     moe_inter = getattr(cfg, "moe_intermediate_size", None) or (cfg.intermediate_size if experts else 0)
     dense_inter = cfg.intermediate_size if len(moe_layers) < cfg.num_hidden_layers else 0
     return ModelDims(
@@ -36,29 +30,27 @@ def dims_from_config(cfg: Any) -> ModelDims:
 
 
 def catalog_from_config(cfg: Any, param_dtype: str = "bfloat16", state_dtype: str = "float32") -> ModelCatalog:
-    """Catalog of a llama / qwen2 / qwen3 / mistral / qwen3_moe / mixtral config."""
-    arch = cfg.model_type
-    if arch not in DENSE_ARCHS + MOE_ARCHS:
-        raise ValueError(f"model_type={arch!r} has no catalog; supported: {', '.join(DENSE_ARCHS + MOE_ARCHS)}")
-    attn_bias = arch == "qwen2" or bool(getattr(cfg, "attention_bias", False))
-    return _catalog(arch, dims_from_config(cfg), attn_bias, arch in ("qwen3", "qwen3_moe"), param_dtype, state_dtype)
+    """Catalog of a config whose model_type is in the architecture table (models/architectures.py)."""
+    arch = architecture(cfg.model_type)
+    attn_bias = arch.attention_bias or bool(getattr(cfg, "attention_bias", False))
+    return _catalog(arch, dims_from_config(cfg), attn_bias, param_dtype, state_dtype)
 
 
 @functools.lru_cache(maxsize=64)  # every transition asks again; the catalog is immutable, so one per model is shared
-def _catalog(arch: str, d: ModelDims, attn_bias: bool, qk_norm: bool, param_dtype: str, state_dtype: str) -> ModelCatalog:
+def _catalog(arch: Architecture, d: ModelDims, attn_bias: bool, param_dtype: str, state_dtype: str) -> ModelCatalog:
     out = [CatalogTensor("model.embed_tokens.weight", Role.EMBED, None, (d.vocab, d.hidden))]
     for i in range(d.num_layers):
-        out += layer_tensors(i, d, arch, attn_bias, qk_norm)
+        out += layer_tensors(i, d, arch, attn_bias)
     out.append(CatalogTensor("model.norm.weight", Role.FINAL_NORM, None, (d.hidden,)))
     if not d.tied_embeddings:
         out.append(CatalogTensor("lm_head.weight", Role.LM_HEAD, None, (d.vocab, d.hidden)))
-    return ModelCatalog(arch, d, tuple(out), param_dtype, state_dtype)
+    return ModelCatalog(arch.model_type, d, tuple(out), param_dtype, state_dtype)
 
 
-def layer_tensors(i: int, d: ModelDims, arch: str, attn_bias: bool, qk_norm: bool) -> list[CatalogTensor]:
+def layer_tensors(i: int, d: ModelDims, arch: Architecture, attn_bias: bool) -> list[CatalogTensor]:
     p, h, hd = f"model.layers.{i}", d.hidden, d.head_dim
     q_out, kv_out = d.num_heads * hd, d.num_kv_heads * hd
-    qkv = f"{p}.self_attn.qkv_proj"
+    qkv = f"{p}.{arch.vllm.qkv}"
     out = [
         CatalogTensor(f"{p}.input_layernorm.weight", Role.ATTN_NORM, i, (h,)),
         CatalogTensor(f"{p}.self_attn.q_proj.weight", Role.Q, i, (q_out, h), rollout_name=f"{qkv}.weight"),
@@ -71,7 +63,7 @@ def layer_tensors(i: int, d: ModelDims, arch: str, attn_bias: bool, qk_norm: boo
             CatalogTensor(f"{p}.self_attn.k_proj.bias", Role.K_BIAS, i, (kv_out,), rollout_name=f"{qkv}.bias"),
             CatalogTensor(f"{p}.self_attn.v_proj.bias", Role.V_BIAS, i, (kv_out,), rollout_name=f"{qkv}.bias"),
         ]
-    if qk_norm:
+    if arch.qk_norm:
         out += [
             CatalogTensor(f"{p}.self_attn.q_norm.weight", Role.Q_NORM, i, (hd,)),
             CatalogTensor(f"{p}.self_attn.k_norm.weight", Role.K_NORM, i, (hd,)),
@@ -80,25 +72,26 @@ def layer_tensors(i: int, d: ModelDims, arch: str, attn_bias: bool, qk_norm: boo
         CatalogTensor(f"{p}.self_attn.o_proj.weight", Role.O, i, (h, q_out)),
         CatalogTensor(f"{p}.post_attention_layernorm.weight", Role.MLP_NORM, i, (h,)),
     ]
-    return out + (moe_tensors(i, d, arch) if i in d.moe_layers else dense_mlp(i, d))
+    return out + (moe_tensors(i, d, arch) if i in d.moe_layers else dense_mlp(i, d, arch))
 
 
-def dense_mlp(i: int, d: ModelDims) -> list[CatalogTensor]:
+def dense_mlp(i: int, d: ModelDims, arch: Architecture) -> list[CatalogTensor]:
     p, h, inter = f"model.layers.{i}.mlp", d.hidden, d.intermediate
+    gate_up = f"model.layers.{i}.{arch.vllm.gate_up}.weight"
     return [
-        CatalogTensor(f"{p}.gate_proj.weight", Role.GATE, i, (inter, h), rollout_name=f"{p}.gate_up_proj.weight"),
-        CatalogTensor(f"{p}.up_proj.weight", Role.UP, i, (inter, h), rollout_name=f"{p}.gate_up_proj.weight"),
+        CatalogTensor(f"{p}.gate_proj.weight", Role.GATE, i, (inter, h), rollout_name=gate_up),
+        CatalogTensor(f"{p}.up_proj.weight", Role.UP, i, (inter, h), rollout_name=gate_up),
         CatalogTensor(f"{p}.down_proj.weight", Role.DOWN, i, (h, inter)),
     ]
 
 
-def moe_tensors(i: int, d: ModelDims, arch: str) -> list[CatalogTensor]:
+def moe_tensors(i: int, d: ModelDims, arch: Architecture) -> list[CatalogTensor]:
     """Router and stacked experts; train names are transformers 5's fused experts.gate_up_proj / down_proj."""
-    e, h, inter = d.num_experts, d.hidden, d.moe_intermediate
+    e, h, inter, names = d.num_experts, d.hidden, d.moe_intermediate, arch.experts
     train = f"model.layers.{i}.mlp"
-    ckpt = f"model.layers.{i}.block_sparse_moe" if arch == "mixtral" else train
-    gate, up, down = ("w1", "w3", "w2") if arch == "mixtral" else ("gate_proj", "up_proj", "down_proj")
-    w13, w2 = f"{ckpt}.experts.routed_experts.w13_weight", f"{ckpt}.experts.routed_experts.w2_weight"  # vllm 0.32
+    ckpt = f"model.layers.{i}.{names.block}"
+    gate, up, down = names.gate, names.up, names.down
+    w13, w2 = f"{ckpt}.{arch.vllm.w13}", f"{ckpt}.{arch.vllm.w2}"
     return [
         CatalogTensor(f"{ckpt}.gate.weight", Role.ROUTER, i, (e, h), train_name=f"{train}.gate.weight"),
         CatalogTensor(f"{ckpt}.experts.{gate}.weight", Role.EXPERT_GATE, i, (e, inter, h),

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from transformers import AutoConfig, PretrainedConfig
 
-MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
+from .architectures import ARCHITECTURES
+
 
 
 def hf_config_from_fields(arch: str, vocab_size: int, hidden_size: int, intermediate_size: int,
@@ -17,7 +18,7 @@ def hf_config_from_fields(arch: str, vocab_size: int, hidden_size: int, intermed
         num_key_value_heads=num_key_value_heads, head_dim=head_dim or hidden_size // num_attention_heads,
         tie_word_embeddings=tie_word_embeddings,
     )
-    if arch == "qwen3_moe":
+    if ARCHITECTURES[arch].experts is not None:  # a qwen3_moe-shaped config: every layer sparse
         fields.update(num_experts=num_experts, num_experts_per_tok=num_experts_per_tok,
                       moe_intermediate_size=moe_intermediate_size, decoder_sparse_step=1, mlp_only_layers=[])
-    return AutoConfig.for_model(MODEL_TYPES[arch], **fields)
+    return AutoConfig.for_model(arch, **fields)

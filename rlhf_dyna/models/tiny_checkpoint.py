@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from .architectures import live_architectures
 from .build import ModelSpec, build_policy, make_hf_config, save_hf_dir
 
 PAD, BOS, EOS, UNK, IM_START, IM_END = "<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"
@@ -81,7 +82,7 @@ def make_tiny_checkpoint(out_dir: str | Path, arch: str = "llama", vocab_size: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir")
-    parser.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "qwen3_moe"])
+    parser.add_argument("--arch", default="llama", choices=live_architectures())
     parser.add_argument("--experts", type=int, default=4, help="qwen3_moe only: experts per layer (2 routed per token)")
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)

@@ -1,8 +1,9 @@
-"""The prepare phase's advantages: log-probs of the rollouts, then the estimator `algorithm.adv_estimator` picks.
+"""The prepare phase's advantages: log-probs of the rollouts, then the estimator `algorithm.adv_estimator` names
+(algos.estimators' registry).
 
-Sequence-level estimators (grpo, dr_grpo, rloo) see every sample of the step (all ranks hold them) and each rank
-keeps its rows; token-level ones (reinforce_plus_plus[_baseline], gae) work on this rank's rows and whiten with
-whole-batch statistics summed over the dp group, so every layout computes the same advantages.
+Sequence-level estimators see every sample of the step (all ranks hold them) and each rank keeps its rows;
+token-level ones work on this rank's rows and whiten with whole-batch statistics summed over the dp group, so every
+layout computes the same advantages.
 """
 from __future__ import annotations
 
@@ -10,23 +11,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..algos.choices import SEQUENCE_LEVEL
-from ..algos.estimators import dr_grpo_advantages, group_centred_scores, reinforce_plus_plus, rloo_advantages
-from ..algos.grpo import group_advantages
+from ..algos.estimators import ESTIMATORS, SEQUENCE, TokenInputs, group_centred_scores
 from ..algos.kl import kl_penalty
-from ..algos.ppo import gae, token_rewards, whiten
-from ..config import AlgorithmConfig, Config
+from ..algos.ppo import token_rewards
+from ..config import Config
 from .batch import Sample, rank_rows
-
-
-def sequence_advantages(alg: AlgorithmConfig, rewards: Tensor, n: int) -> Tensor:
-    if alg.adv_estimator == "grpo":
-        return group_advantages(rewards, n, alg.norm_adv_by_std, unbiased=alg.grpo_std == "unbiased")
-    if alg.adv_estimator == "dr_grpo":
-        return dr_grpo_advantages(rewards, n)
-    if alg.adv_estimator == "rloo":
-        return rloo_advantages(rewards, n)
-    raise ValueError(f"{alg.adv_estimator!r} is not a sequence-level estimator; those are {SEQUENCE_LEVEL}")
 
 
 def compute_advantages(cfg: Config, batch: dict, samples: list[Sample], actor, ref, critic,
@@ -39,26 +28,27 @@ def compute_advantages(cfg: Config, batch: dict, samples: list[Sample], actor, r
         batch["ref_logprobs"] = ref.logprobs(batch["input_ids"], batch["attention_mask"], cfg.rollout.temperature)
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
     mine = lambda per_sample: rank_rows({"x": per_sample}, actor.dp_rank, actor.dp_size, alg.mini_batches)["x"]
-    if alg.adv_estimator in SEQUENCE_LEVEL:
-        advantages = sequence_advantages(alg, rewards, cfg.rollout.n)
+    est = ESTIMATORS[alg.adv_estimator]
+    if est.level == SEQUENCE:
+        advantages = est.fn(rewards, cfg.rollout.n, alg)
         batch["advantages"] = mine(advantages)
         return _stats("advantage", advantages)
     mask = batch["response_mask"]
-    scores = group_centred_scores(rewards, cfg.rollout.n) if alg.adv_estimator == "reinforce_plus_plus_baseline" else rewards
+    scores = group_centred_scores(rewards, cfg.rollout.n) if est.group_baseline else rewards
     ref_kl = kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], "k1") if ref is not None and alg.kl_in_reward else None
     rewards_per_token = token_rewards(mine(scores), mask, ref_kl, kl_coef)
-    engine = critic if alg.adv_estimator == "gae" else actor
-    if alg.adv_estimator == "gae":
-        values = critic.values(batch["input_ids"], batch["attention_mask"])
-        # value of the state before token t is read at t-1 (the prefix that predicts token t)
-        values = torch.nn.functional.pad(values[:, :-1], (1, 0)) * mask
-        advantages, returns = gae(rewards_per_token, values, mask, alg.gamma, alg.lam)
-        advantages = whiten(advantages, mask, reduce=critic.dp_sum)  # whole-batch statistics, whatever the layout
+    engine, values = (critic, critic_values(critic, batch)) if est.needs_critic else (actor, None)
+    advantages, returns = est.fn(TokenInputs(rewards_per_token, mask, values, alg.gamma, alg.lam, engine.dp_sum))
+    if values is not None:
         batch.update(old_values=values, returns=returns)
-    else:
-        advantages, returns = reinforce_plus_plus(rewards_per_token, mask, alg.gamma, reduce=actor.dp_sum)
     batch["advantages"] = advantages
     return {**_stats("advantage", advantages, mask, engine), **_stats("return", returns, mask, engine)}
+
+
+def critic_values(critic, batch: dict) -> Tensor:
+    """The critic's value of the state before each token: read at t-1, the prefix that predicts token t."""
+    values = critic.values(batch["input_ids"], batch["attention_mask"])
+    return torch.nn.functional.pad(values[:, :-1], (1, 0)) * batch["response_mask"]
 
 
 def _stats(name: str, values: Tensor, mask: Tensor | None = None, engine=None) -> dict[str, float]:

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ..algos.entropy import token_entropy
 from ..algos.kl import kl_penalty
-from ..algos.losses import agg_denominator, aggregate, canonical_agg, policy_loss_tokens, value_loss
+from ..algos.losses import POLICY_LOSSES, agg_denominator, aggregate, canonical_agg, value_loss
 from ..config import AlgorithmConfig
 from ..train.engine import LossNorm, token_logprobs
 
@@ -65,13 +65,11 @@ def actor_loss(alg: AlgorithmConfig, temperature: float, max_new_tokens: int = 0
     """kl_coef: the controller's current coefficient (default alg.kl_coef)."""
     coef = alg.kl_coef if kl_coef is None else kl_coef
     agg, norm_len = alg.loss_agg, loss_norm_len(alg, max_new_tokens)
-    dual_clip = alg.clip_ratio_c if alg.clip_ratio_c > 0 else None
 
     def loss_fn(out, mb: dict[str, Tensor], norm: LossNorm) -> tuple[Tensor, dict[str, float]]:
         mask = mb["response_mask"]
         logprobs = token_logprobs(out.logits, mb["input_ids"], temperature)
-        loss_mat, terms = policy_loss_tokens(logprobs, mb["old_logprobs"], mb["advantages"],
-                                             alg.clip_eps_low, alg.clip_eps_high, dual_clip)
+        loss_mat, terms = POLICY_LOSSES[alg.policy_loss].fn(logprobs, mb["old_logprobs"], mb["advantages"], alg)
         loss = aggregate(loss_mat, mask, agg, norm_len)
         metrics = {"pg_loss": loss.detach(), **{k: _token_mean(v, mask) for k, v in terms.items()}}
         # entropy from the logits this forward already made; a graph only when the bonus needs its gradient

@@ -10,19 +10,16 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
+from rlhf_dyna.models.architectures import architecture
 from rlhf_dyna.train.expert_parallel import apply_expert_parallel, moe_experts
 from rlhf_dyna.vps.train_layout import row_sharded_on_cols
 
-# Megatron-style pairs per decoder layer: column-parallel in, row-parallel out, one all-reduce each.
-LAYER_TP_PLAN: dict[str, ParallelStyle] = {
-    "self_attn.q_proj": ColwiseParallel(),
-    "self_attn.k_proj": ColwiseParallel(),
-    "self_attn.v_proj": ColwiseParallel(),
-    "self_attn.o_proj": RowwiseParallel(),
-    "mlp.gate_proj": ColwiseParallel(),
-    "mlp.up_proj": ColwiseParallel(),
-    "mlp.down_proj": RowwiseParallel(),
-}
+STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+
+
+def layer_tp_plan(config) -> dict[str, ParallelStyle]:
+    """The architecture's decoder-layer TP plan (models/architectures.py) as torch parallel styles."""
+    return {module: STYLES[style]() for module, style in architecture(config.model_type).tp_plan}
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -41,8 +38,9 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
         if getattr(config, name) % tp:
             raise ValueError(f"tp={tp} does not divide {name}={getattr(config, name)}")
+    plan = layer_tp_plan(config)
     for layer in decoder_layers(model):
-        parallelize_module(layer, tp_mesh, LAYER_TP_PLAN)
+        parallelize_module(layer, tp_mesh, plan)
     # Vocab-parallel embedding / lm_head only when untied: tying one Parameter to two TP styles would
     # distribute it twice and break the tie, so tied models keep both replicated over tp.
     if not config.tie_word_embeddings:
@@ -56,16 +54,20 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
 
 
 ZERO_STAGES = (1, 2, 3)
-ROW_PARALLEL = tuple(f"{name}.weight" for name, style in LAYER_TP_PLAN.items() if isinstance(style, RowwiseParallel))
 
 
-def fsdp_shard_dim(layer: nn.Module, dp: int) -> Callable[[nn.Parameter], Shard | None]:
+def row_parallel_weights(config) -> list[str]:
+    """The decoder-layer weights the architecture's TP plan splits by rows' inputs (their dim 1)."""
+    return [f"{module}.weight" for module, style in architecture(config.model_type).tp_plan if style == "rowwise"]
+
+
+def fsdp_shard_dim(layer: nn.Module, dp: int, row_parallel: list[str]) -> Callable[[nn.Parameter], Shard | None]:
     """Row-parallel weights shard on dim 1 (their TP dim) where the VPS train layout says so
     (`vps.train_layout.row_sharded_on_cols`: the TP-local columns split evenly over dp), so a rank's shard is a column
     block under dp and dp x tp alike and a relayout between them keeps it in place; everything else keeps dim 0."""
     on_cols = set()
     own = dict(layer.named_parameters())
-    for name in (n for n in ROW_PARALLEL if n in own):  # MoE layers have no dense mlp.down_proj
+    for name in (n for n in row_parallel if n in own):  # MoE layers have no dense mlp.down_proj
         weight = own[name]
         tp = weight.device_mesh.size() if isinstance(weight, DTensor) else 1
         if row_sharded_on_cols(weight.shape[1], tp, dp):
@@ -96,7 +98,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int 
         mp = MixedPrecisionPolicy()
     else:
         raise ValueError(f"precision={precision!r}; valid: 'fp32', 'bf16'")
-    keep_replicas = zero < 3
+    keep_replicas, row_parallel = zero < 3, row_parallel_weights(model.config)
     for layer in decoder_layers(model):
         experts = moe_experts(layer) if expert_mesh is not None else None
         if experts is not None:
@@ -104,7 +106,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int 
             experts.set_gradient_divide_factor(float(dp_mesh.size()))
             experts.set_force_sum_reduction_for_comms(True)  # sum, then divide: gloo has no PREMUL_SUM
         fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas,
-                    shard_placement_fn=fsdp_shard_dim(layer, dp_mesh.size()))
+                    shard_placement_fn=fsdp_shard_dim(layer, dp_mesh.size(), row_parallel))
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas)
     if keep_replicas:
         model.set_reshard_after_backward(False)  # recurses: every FSDP module keeps its gathered params

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -84,12 +84,3 @@ class NaiveSync(WeightSync):
         total = torch.tensor([received], dtype=torch.int64, device=train_engine.device)
         dist.all_reduce(total)
         return SyncStats(seconds=seconds, bytes_moved=int(total), rounds=rounds, peak_extra_bytes=buffers.peak)
-
-
-SYNCS: dict[str, Callable[[], WeightSync]] = {"naive": NaiveSync, "vps": lambda **kw: __import__("rlhf_dyna.transition.vps_sync", fromlist=["VpsSync"]).VpsSync(**kw)}  # deferred: vps_sync imports this module
-
-
-def make_sync(name: str, **kwargs) -> WeightSync:
-    if name not in SYNCS:
-        raise ValueError(f"unknown weight sync {name!r}; valid: {sorted(SYNCS)}")
-    return SYNCS[name](**kwargs)

@@ -3,20 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .geometry import Geometry
-from .layout_types import Buffer, Piece
+from .layout_types import Buffer, Entry, Piece
 from .model import ModelCatalog
+from .rollout_layout import rollout_entries
 from .spec import ParallelSpec, Phase
-from .tensor import Kind, LogicalTensor
-
-
-@dataclass(frozen=True, eq=False)
-class Entry:
-    """One logical tensor of one kind: its geometry and the live buffer name for each holding slot."""
-
-    tensor: LogicalTensor
-    geometry: Geometry
-    buffers: tuple[str, ...]
+from .tensor import Kind
+from .train_layout import train_entries
 
 
 @dataclass(eq=False)
@@ -57,9 +49,6 @@ class Layout:
 
 def build_layout(catalog: ModelCatalog, spec: ParallelSpec, kinds: tuple[Kind, ...] | None = None) -> Layout:
     """Layout of `catalog` under `spec` for `kinds` (default: every kind the spec's phase keeps)."""
-    from .rollout_layout import rollout_entries
-    from .train_layout import train_entries
-
     kinds = kinds or spec.kinds
     build = rollout_entries if spec.phase == Phase.ROLLOUT else train_entries
     return Layout(spec, tuple(build(catalog, spec, kinds)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .box import Box
+from .geometry import Geometry
 from .tensor import LogicalTensor
 
 
@@ -36,3 +37,12 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(acc)
         acc *= s
     return tuple(reversed(strides))
+
+
+@dataclass(frozen=True, eq=False)
+class Entry:
+    """One logical tensor of one kind: its geometry and the live buffer name for each holding slot."""
+
+    tensor: LogicalTensor
+    geometry: Geometry
+    buffers: tuple[str, ...]

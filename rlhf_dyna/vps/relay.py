@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .geometry import Geometry
-from .layout import Entry, Layout
+from .layout import Layout
+from .layout_types import Entry
 from .plan import Plan, build_plan
 
 RELAY_EXTRA_BYTES = 0.01  # relaying may resend what a replica held itself (e.g. its slice of a norm): at most 1% more

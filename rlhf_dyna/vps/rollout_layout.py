@@ -9,23 +9,14 @@ from typing import Iterator
 import numpy as np
 
 from .geometry import Geometry
-from .layout import Entry
+from .layout_types import Entry
 from .mesh import fused_placer, mesh_pieces
 from .model import EXPERT_ROLES, CatalogTensor, ModelCatalog, ModelDims, Role
 from .spec import ParallelSpec
-from .split import even, linear, pad_to_multiple, padded, replicated_groups
+from .split import even, linear, padded, replicated_groups, vllm_padded_vocab
 from .tensor import Kind
 from .validate import stage_layers, validate
 from .train_layout import tensor_stages
-
-VOCAB_PADDING = 64  # vllm DEFAULT_VOCAB_PADDING_SIZE
-
-
-def vllm_padded_vocab(vocab: int) -> int:
-    """vLLM's vocab-parallel row count: the vocabulary padded to a multiple of 64, then split evenly over tp (tp must
-    divide it); padding rows belong to no logical tensor. The one place this rule is written."""
-    return pad_to_multiple(vocab, VOCAB_PADDING)
-
 
 def vllm_name(t: CatalogTensor, slot: int) -> str:
     return "lm_head.weight" if t.role == Role.EMBED and slot == 1 else t.rollout_buffer

@@ -48,12 +48,6 @@ class Schedule:
         r = self.rounds[i]
         return r.src, r.dst, (r.hi - r.lo).astype(np.float64)
 
-    def for_rank(self, rank: int):
-        """This rank's copies, peer streams and per-round byte ranges (see rank_plan.RankPlan)."""
-        from .rank_plan import for_rank
-
-        return for_rank(self, rank)
-
     def stream_index(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         w = self.plan.world_size
         keys = self.stream_src * w + self.stream_dst

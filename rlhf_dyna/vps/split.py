@@ -58,3 +58,12 @@ def full(n: int, parts: int) -> Intervals:
 
 def pad_to_multiple(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+VOCAB_PADDING = 64  # vllm DEFAULT_VOCAB_PADDING_SIZE
+
+
+def vllm_padded_vocab(vocab: int) -> int:
+    """vLLM's vocab-parallel row count: the vocabulary padded to a multiple of 64, then split evenly over tp (tp must
+    divide it); padding rows belong to no logical tensor. The one place this rule is written."""
+    return pad_to_multiple(vocab, VOCAB_PADDING)

@@ -14,8 +14,7 @@ import numpy as np
 
 from .box import Box
 from .geometry import Geometry
-from .layout import Entry
-from .layout_types import contiguous_strides
+from .layout_types import Entry, contiguous_strides
 from .mesh import Steps, mesh_pieces
 from .model import EXPERT_ROLES as EXPERT, CatalogTensor, ModelCatalog, Role
 from .spec import ParallelSpec

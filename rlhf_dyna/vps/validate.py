@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .model import ModelDims
 from .spec import ParallelSpec, Phase
+from .split import vllm_padded_vocab
 
 
 class SpecError(ValueError):
@@ -73,8 +74,6 @@ def validate_train(spec: ParallelSpec, dims: ModelDims) -> None:
 
 
 def validate_rollout(spec: ParallelSpec, dims: ModelDims) -> None:
-    from .rollout_layout import vllm_padded_vocab  # deferred: rollout_layout imports this module
-
     if spec.cp != 1 or spec.dp_replicate != 1 or spec.etp != 1:
         raise SpecError("rollout specs take dp, vllm_dp, pp, tp, ep only; valid cp, dp_replicate, etp: 1")
     if spec.tp_outer:

@@ -1,5 +1,4 @@
 """Bad algorithm.* values are refused before spawn with one paragraph that says what would be right."""
-from dataclasses import replace
 
 import pytest
 

@@ -3,7 +3,6 @@ runs a phase of collectives and compute on the default group; then use every bui
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 

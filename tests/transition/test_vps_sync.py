@@ -20,7 +20,7 @@ from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
 from rlhf_dyna.train.engine import TrainEngine, full_state_dict
 from rlhf_dyna.train.mesh import build_mesh
-from rlhf_dyna.transition.sync import make_sync
+from rlhf_dyna.transition.syncs import make_sync
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.vps_sync import VpsSync
 from rlhf_dyna.vps.cache import cached_plan

@@ -5,7 +5,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from rlhf_dyna.vps.layout import Layout
-from rlhf_dyna.vps.rank_plan import RankPlan, Transfer
+from rlhf_dyna.vps.rank_plan import RankPlan, Transfer, for_rank
 from rlhf_dyna.vps.schedule import Schedule
 
 NUMPY = {"float32": np.float32, "bfloat16": np.uint16, "float16": np.float16}
@@ -37,7 +37,7 @@ def materialise(layout: Layout, state, rank: int, fill: bool) -> dict[str, np.nd
 def execute(schedule: Schedule, src: Layout, dst: Layout, state) -> tuple[dict, dict]:
     """Run every rank's plan; returns (destination buffers, write counts) per rank."""
     w = schedule.plan.world_size
-    plans: list[RankPlan] = [schedule.for_rank(r) for r in range(w)]
+    plans: list[RankPlan] = [for_rank(schedule, r) for r in range(w)]
     src_bufs = [materialise(src, state, r, True) for r in range(w)]
     dst_bufs = [materialise(dst, state, r, False) for r in range(w)]
     writes = [{n: np.zeros(b.size, np.int64) for n, b in bufs.items()} for bufs in dst_bufs]

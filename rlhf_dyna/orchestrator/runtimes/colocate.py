@@ -18,7 +18,7 @@ from ...rollout.vllm_engine import VLLMRollout
 from ...tracking.timeline import record_step_phases
 from ...train.mesh import build_mesh
 from ...transition.relayout import layout_of, relayout
-from ...transition.sync import make_sync
+from ...transition.syncs import make_sync
 from ...transition.vps_mover import least_moving_layout, make_vps_mover
 from ..build import build_actor, write_initial_checkpoint
 from ..run import rollout_dtype
