@@ -86,15 +86,6 @@ class Placement:
     def slot(self, phase: str, role: str) -> RoleSlot:
         return self.slots[phase][role]
 
-    def ranks_of(self, phase: str) -> set[int]:
-        """Ranks that compute in `phase`."""
-        out: set[int] = set()
-        for role in self.active[phase]:
-            slot = self.slot(phase, role)
-            if not slot.parked:
-                out.update(slot.ranks.ranks)  # type: ignore[union-attr]
-        return out
-
     def key(self) -> str:
         """Stable name of this placement (world builder key, trace labels): policy and each role's sets."""
         sets = []

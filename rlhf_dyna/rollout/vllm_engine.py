@@ -83,11 +83,6 @@ class VLLMRollout:
             worker_cls="rlhf_dyna.rollout.cpu_worker.ShmIdentCPUWorker" if current_platform.is_cpu() else "auto",
         )
 
-    @property
-    def tp_group_index(self) -> int:
-        """Which rollout replica (TP group) this rank belongs to; the prompt shard to feed it."""
-        return self.dp_rank
-
     def generate(
         self,
         prompt_token_ids: list[list[int]],

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch import Tensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict,
 )
@@ -78,18 +75,3 @@ def load_engines(engines: dict[str, TrainEngine], path: Path) -> None:
                            optim_state_dict=optim, options=FLAT)
         if engine.zero < 3:
             engine.materialize_replicas()  # replicas re-read the loaded master shards
-
-
-def full_optimizer_state(engine: TrainEngine) -> dict[str, Tensor]:
-    """Flat {"<param>.<exp_avg|exp_avg_sq|step>": full tensor}: the optimizer state gathered over the mesh, and over
-    a pipeline's stages (tests)."""
-    _, optim_sd = get_state_dict(engine.model, engine.optimizer, options=StateDictOptions(
-        full_state_dict=True, cpu_offload=False, flatten_optimizer_state_dict=True))
-    mine = {key[len("state."):]: value.detach().clone() if isinstance(value, Tensor) else torch.tensor(value)
-            for key, value in optim_sd.items() if key.startswith("state.")}
-    pp_mesh = getattr(engine, "pp_mesh", None)
-    if pp_mesh is None:
-        return mine
-    stages: list[dict[str, Tensor] | None] = [None] * pp_mesh.size()
-    dist.all_gather_object(stages, mine, group=pp_mesh.get_group())
-    return {key: value for stage in stages for key, value in stage.items()}

@@ -39,13 +39,3 @@ class Box:
 
     def contains(self, other: "Box") -> bool:
         return all(a <= c and d <= b for a, b, c, d in zip(self.lo, self.hi, other.lo, other.hi))
-
-    def relative_to(self, outer: "Box") -> "Box":
-        """This box in the coordinates of `outer` (which must contain it)."""
-        return Box(tuple(l - o for l, o in zip(self.lo, outer.lo)), tuple(h - o for h, o in zip(self.hi, outer.lo)))
-
-    def slice_dim(self, dim: int, lo: int, hi: int) -> "Box":
-        """Restrict dimension `dim` to [lo, hi) in absolute coordinates."""
-        new_lo, new_hi = list(self.lo), list(self.hi)
-        new_lo[dim], new_hi[dim] = max(lo, self.lo[dim]), min(hi, self.hi[dim])
-        return Box(tuple(new_lo), tuple(new_hi))

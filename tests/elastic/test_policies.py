@@ -37,7 +37,7 @@ def test_split_defaults_to_half_half_disjoint_and_syncs_across_sets():
     assert sync.src.first_rank == 4 and sync.dst.first_rank == 0 and sync.dst.world_size == 4
     assert p.staleness == 1 and p.concurrent == ((GENERATE, TRAIN_ACTOR),)
     assert changes(p) == []  # every role keeps its set; only the weights cross, by the sync
-    assert p.ranks_of(GENERATE).isdisjoint(p.ranks_of(TRAIN_ACTOR))
+    assert set(p.slot(GENERATE, ROLLOUT).ranks.ranks).isdisjoint(p.slot(TRAIN_ACTOR, ACTOR).ranks.ranks)
 
 
 def test_split_uneven_sets_from_counts():

@@ -16,11 +16,12 @@ import torch
 
 from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.models.build import build_policy
-from rlhf_dyna.train.checkpoint import full_optimizer_state, load_engines, save_engines
+from rlhf_dyna.train.checkpoint import load_engines, save_engines
 from rlhf_dyna.train.engine import TrainEngine, full_state_dict
 from rlhf_dyna.train.mesh import build_mesh
 from rlhf_dyna.train.pipeline_engine import PipelineEngine
 from tests.engines._common import nll_loss, random_batch, tiny_spec
+from tests.train._optimizer_state import full_optimizer_state
 from tests.engines._dist import run_ranks
 
 ROWS = 8  # global batch: 2 rows per dp4 rank, 4 per pp2 x dp2 rank

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.models.build import build_critic, build_policy
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.train.mesh import build_mesh
-from rlhf_dyna.transition.metrics import transition_metrics
 from rlhf_dyna.transition.relayout import relayout
 from rlhf_dyna.transition.trace import TraceRecorder
 from tests.engines._common import random_batch
@@ -35,9 +35,9 @@ def _roles(rank: int, world: int) -> None:
     torch.testing.assert_close(reference.logprobs(batch["input_ids"], batch["attention_mask"]), logprobs, rtol=1e-5, atol=1e-6)
     assert critic.step(batch, lambda out, mb, n: (out.values.pow(2).mean(), {}))["loss"] >= 0
 
-    metrics = transition_metrics(stats, "relayout")
-    assert metrics["reshard/relayout/bytes_moved"] > stats.bytes_received > 0
-    assert metrics["reshard/relayout/rounds"] == stats.rounds
+    received = torch.tensor([stats.bytes_received], dtype=torch.float64)
+    dist.all_reduce(received)
+    assert float(received) > stats.bytes_received > 0 and stats.rounds >= 1  # every rank received a share
     (event,) = recorder.events
     assert event.rank == rank and event.args["bytes_received"] == stats.bytes_received
 
