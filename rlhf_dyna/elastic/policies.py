@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..parallel_layout import ParallelLayout
@@ -13,7 +14,6 @@ from .placement import (ACTOR, CRITIC, GENERATE, PHASES, PREPARE, REFERENCE, ROL
                         Placement, RankSet, RoleSlot, resident)
 from .validate import PlacementError, check_placement, check_sets
 
-POLICIES = ("colocate", "split", "lend")
 TRAINING_ROLES = (ACTOR, CRITIC, REFERENCE)
 
 
@@ -116,15 +116,22 @@ def lend(req: PolicyRequest) -> Placement:
     return Placement("lend", req.world_size, slots, _active(req), ((TRAIN_ACTOR, TRAIN_CRITIC),))
 
 
+POLICIES: dict[str, Callable[[PolicyRequest], Placement]] = {"colocate": colocate, "split": split, "lend": lend}
+
+
+def register_policy(name: str, builder: Callable[[PolicyRequest], Placement]) -> None:
+    """A placement policy by name: `builder` maps a request to the run's placement (pure)."""
+    POLICIES[name] = builder
+
+
 def make_placement(req: PolicyRequest) -> Placement:
-    builders = dict(colocate=colocate, split=split, lend=lend)
-    if req.policy not in builders:
+    if req.policy not in POLICIES:
         raise PlacementError(f"placement.policy={req.policy!r} is not a policy; valid: {', '.join(POLICIES)}.")
     unknown = [r for r, _ in req.explicit if r not in req.roles]
     if unknown:
         raise PlacementError(
             f"placement.roles names {', '.join(unknown)}, which this run does not have; its roles are "
             f"{', '.join(req.roles)} (critic only for PPO, reference only when algorithm.kl_coef > 0).")
-    placement = builders[req.policy](req)
+    placement = POLICIES[req.policy](req)
     check_placement(placement, req.train.inner, req.rollout_tp)
     return placement

@@ -21,6 +21,7 @@ def _free_port() -> int:
 def _rank_main(rank: int, world: int, port: int, ident: str, fn: Callable, args: tuple) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
         VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_DIST_IDENT=ident, OMP_NUM_THREADS="1",
     )
     import torch
