@@ -9,6 +9,8 @@ from pathlib import Path
 
 from .algos.choices import KL_CONTROLLERS, KL_ESTIMATOR_NAMES, LOSS_AGGS
 from .checks.errors import ConfigError
+from .checks.gpu import check_gpu
+from .launch.host import visible_gpu_count
 from .config import Config, LayoutConfig, ModelConfig
 from .validate_algorithm import check_algorithm
 from .validate_moe import MoeConfigError, check_moe_live, is_moe
@@ -261,12 +263,7 @@ def check_lengths(cfg: Config) -> None:
 
 
 def cuda_device_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # torch missing or broken CUDA runtime: no devices
-        return 0
+    return visible_gpu_count()  # through NVML: torch.cuda.is_available() here would break the ranks forked later
 
 
 def wants_cuda(cfg: Config) -> bool:
@@ -275,6 +272,7 @@ def wants_cuda(cfg: Config) -> bool:
 
 def check_resources(cfg: Config, under_torchrun: bool) -> None:
     """Devices and checkpoint: what the machine lacks, all said at once."""
+    check_gpu(cfg, under_torchrun)  # devices, GPU counts and vLLM's memory, one paragraph each (checks/gpu.py)
     missing = []
     world, nodes = cfg.parallel.world_size, cfg.parallel.nodes
     if cfg.parallel.device == "cuda":

@@ -20,7 +20,7 @@ def run_rank(cfg: Config, out_dir: Path) -> None:
     from .launch import init_distributed, shutdown_distributed
     from .orchestrator.loop import run_training
 
-    dist_info = init_distributed()
+    dist_info = init_distributed(device=cfg.parallel.device, tf32=cfg.trainer.tf32)
     out_dir = shared_output_dir(out_dir)
     try:
         run_training(cfg, out_dir, dist_info)

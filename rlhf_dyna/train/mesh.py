@@ -4,19 +4,15 @@ way, outermost (the same mesh transposed). Every rank of the world calls build_m
 is collective over the world)."""
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 
 def mesh_device_type() -> str:
-    """"cuda" under NCCL (this rank's GPU selected from LOCAL_RANK), else "cpu"."""
-    if "nccl" not in dist.get_backend():
-        return "cpu"
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
-    return "cuda"
+    """"cuda" under NCCL, else "cpu". The mesh uses this thread's current GPU, which launch/rank.py chose for the rank
+    (launch/devices.rank_device) and worker threads take over (launch/threads.DeviceThread)."""
+    return "cuda" if "nccl" in dist.get_backend() else "cpu"
 
 
 def build_mesh(dp: int, tp: int, tp_outer: bool = False, first_rank: int = 0) -> DeviceMesh:
