@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from ..algos.kl import kl_penalty
 from ..algos.kl_control import make_kl_controller
 from ..config import Config
+from ..rollout.gpu_defaults import engine_args
 from ..rollout.vllm_engine import VLLMRollout
 from ..tasks.base import Example
 from ..tasks.hf_tokenizer import build_tokenizer
@@ -112,8 +113,7 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
     model_dir = write_initial_checkpoint(source, actor, tokenizer, out_dir, dist_info.node_rank, dist_info.local_rank)
     rollout = VLLMRollout(
         str(model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
-        kv_cache_bytes=cfg.rollout.kv_cache_bytes, dtype="bfloat16" if cfg.trainer.precision == "bf16" else "float32",
-        expert_parallel=cfg.rollout.expert_parallel,
+        expert_parallel=cfg.rollout.expert_parallel, **engine_args(cfg, dist_info.device.type, colocated=True),
     )
     bound = {"train_to_rollout": cfg.tracking.trace_syncs}
     recorder = TraceRecorder(ctx.rank, bound) if cfg.tracking.transition_trace else None
@@ -187,6 +187,7 @@ def rl_step(cfg, step, rng, task, tokenizer, ctx, actor, ref, critic, rollout, s
     t0 = time.perf_counter()
     prompts: list[Example] = task.train_prompts(step, cfg.task.prompts_per_step, rng)  # same on every rank
     local = generate(cfg, rollout, task, tokenizer, prompts, ctx, seed=cfg.trainer.seed * 1_000_003 + step * 10_007)
+    rollout.sleep()  # CUDA colocate: the GPU is training's until the sync wakes vLLM (no-op on the CPU)
     timings["timing_s/gen"] = time.perf_counter() - t0
 
     t1 = time.perf_counter()

@@ -25,6 +25,7 @@ from ..algos.kl_control import make_kl_controller
 from ..config import Config
 from ..elastic.placement import ACTOR, GENERATE, ROLLOUT, TRAIN_ACTOR, RankSet
 from ..models.build import make_hf_config, save_hf_dir
+from ..rollout.gpu_defaults import engine_args
 from ..rollout.subset_engine import SubsetVLLMRollout
 from ..tasks.hf_tokenizer import build_tokenizer
 from ..tracking.timeline import record_phase, write_run_trace
@@ -34,6 +35,7 @@ from ..train.mesh import build_mesh
 from ..transition.role_move import rank_set_spec
 from ..transition.subset_sync import SubsetSync
 from ..transition.trace import TraceRecorder
+from ..transition.transport import world_device_type
 from .advantages import compute_advantages
 from .batch import gather_samples, pack, rank_rows
 from .objectives import actor_loss, critic_loss
@@ -129,8 +131,7 @@ class SplitState:
 def start_engine(cfg: Config, model_dir: Path, rank: int) -> SubsetVLLMRollout:
     """This rank's tp=1 engine (core in its own process), opened on the run's initial weights."""
     return SubsetVLLMRollout(model_dir, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
-                             kv_cache_bytes=cfg.rollout.kv_cache_bytes, rank=rank,
-                             dtype="bfloat16" if cfg.trainer.precision == "bf16" else "float32")
+                             rank=rank, **engine_args(cfg, world_device_type(), colocated=False))
 
 
 def train_step(cfg, step, samples, tokenizer, state: SplitState, kl_ctl, recorder=None) -> dict[str, float]:
