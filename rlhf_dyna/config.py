@@ -134,6 +134,9 @@ class RolloutConfig:
     kv_cache_bytes: int = 64 * 1024 * 1024  # KV cache per rank; 0 = vLLM sizes it from gpu_memory_utilization
     sync: str = "vps"  # vps (only the bytes each rollout shard needs) | naive (full tensors, by name)
     expert_parallel: bool = False  # MoE: vLLM's enable_expert_parallel (whole experts per rank, not TP slices)
+    gpu_memory_utilization: float = 0.5  # CUDA: share of the GPU vLLM may hold (weights + KV), in (0, 1]; next to the actor in colocate
+    enforce_eager: Optional[bool] = None  # None = CUDA graphs and compile on CUDA, eager on the CPU (rollout/gpu_defaults.py)
+    sleep_level: int = 1  # colocate on CUDA: vLLM's sleep between generations (1 = weights to host, 2 = dropped, 0 = off)
 
 
 @dataclass
@@ -185,6 +188,7 @@ class TrainerConfig:
     total_steps: int = 20
     seed: int = 0
     precision: str = "fp32"  # fp32 | bf16
+    tf32: bool = True  # CUDA: fp32 matmuls in TF32 (torch.set_float32_matmul_precision("high")); no effect on the CPU
     sft_warmup_steps: int = 0  # supervised warm-up on task demonstrations before RL
     sft_lr: float = 3e-3
     sft_batch_size: int = 64

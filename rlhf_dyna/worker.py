@@ -19,7 +19,7 @@ def shared_output_dir(out_dir: Path) -> Path:
 
 
 def run_rank(cfg: Config, out_dir: Path) -> None:
-    dist_info = init_distributed()
+    dist_info = init_distributed(device=cfg.parallel.device, tf32=cfg.trainer.tf32)
     out_dir = shared_output_dir(out_dir)
     try:
         run_training(cfg, out_dir, dist_info)

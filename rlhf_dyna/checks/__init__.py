@@ -6,6 +6,7 @@ from ..config import Config
 from .algorithm import check_algorithm
 from .data import check_data, check_lengths
 from .errors import ConfigError
+from .gpu import check_gpu
 from .layouts import check_layouts, check_runs_live
 from .placement import check_placement_config
 from .resources import check_resources
@@ -22,6 +23,7 @@ def check_config(cfg: Config, under_torchrun: bool = False) -> None:
     check_placement_config(cfg)
     if cfg.dry_run:
         return
+    check_gpu(cfg, under_torchrun)
     check_resources(cfg, under_torchrun)
     check_runs_live(cfg)
     try:

@@ -1,9 +1,11 @@
 """Starting and supervising the ranks of a run.
 
 Outside torchrun, `spawn_ranks` (launch/spawn.py) starts `world_size` local ranks itself and supervises them; inside
-a rank (ours or torchrun's), `init_distributed` (launch/rank.py) joins the default process group. `host.py` checks
-what the machine can hold before anything starts; `shm.py` names and removes vLLM's /dev/shm segments. Only
-rank.py imports torch, on first use of its names: a launcher refuses a bad run before it pays for torch."""
+a rank (ours or torchrun's), `init_distributed` (launch/rank.py) joins the default process group on the device
+`devices.py` chooses. `host.py` checks what the machine can hold before anything starts (GPUs counted without
+initialising CUDA); `shm.py` names and removes vLLM's /dev/shm segments; `threads.py` gives a rank's worker threads
+its device. Only rank.py and threads.py import torch, and neither is imported here (rank.py on first use of its
+names): a launcher refuses a bad run before it pays for torch."""
 from __future__ import annotations
 
 from .host import (

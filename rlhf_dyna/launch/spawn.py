@@ -16,8 +16,9 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import IO
 
+from .devices import cuda_initialised, forks_ranks
 from .fork import ForkedRank, fork_rank, preload as preload_modules
-from .host import check_capacity, free_port, local_device_kind, new_run_ident, usable_cores
+from .host import check_capacity, free_port, new_run_ident, usable_cores, visible_gpu_count
 from .shm import SHM_DIR, clean_shm_segments
 
 TERMINATE_GRACE_S = 5.0
@@ -138,16 +139,20 @@ def spawn_ranks(
     ranks and supervise them; returns the exit code for the launcher (0, the failing rank's
     code, or 130/143 after SIGINT/SIGTERM). Each rank's output goes to run_dir/rank{r}.log;
     rank 0's is also echoed to stdout. With `preload` (module names; `entry` must be a module), this process
-    imports those modules once and forks the ranks from itself (launch/fork.py) instead of starting interpreters."""
-    check_capacity(world_size, local_device_kind())
+    imports those modules once and forks the ranks from itself (launch/fork.py) instead of starting interpreters,
+    unless a GPU is visible or this process has initialised CUDA (launch/devices.py): then every rank is a fresh
+    interpreter whatever `preload` says."""
+    gpus = visible_gpu_count()
+    check_capacity(world_size, "cuda" if gpus else "cpu")
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     run_ident = new_run_ident()
     port = free_port()
     command = [sys.executable, entry] if entry.endswith(".py") else [sys.executable, "-m", entry]
-    if preload:
-        if entry.endswith(".py"):
-            raise ValueError(f"spawn_ranks: preload forks the ranks and runs a module; got the script {entry}")
+    if preload and entry.endswith(".py"):
+        raise ValueError(f"spawn_ranks: preload forks the ranks and runs a module; got the script {entry}")
+    fork = bool(preload) and forks_ranks(gpus, cuda_initialised())
+    if fork:
         preload_modules(preload, _rank_env(0, world_size, port, run_ident, env))
 
     stop_signal: list[int] = []
@@ -162,7 +167,7 @@ def spawn_ranks(
     try:
         for rank in range(world_size):  # every rank starts before any thread of ours does: forking stays safe
             rank_env = _rank_env(rank, world_size, port, run_ident, env)
-            if preload:
+            if fork:
                 procs.append(fork_rank(entry, args, rank_env, close_fds=[p.stdout.fileno() for p in procs]))
             else:
                 procs.append(subprocess.Popen(

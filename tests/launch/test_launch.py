@@ -222,6 +222,35 @@ def test_forked_rank_exit_codes_and_output(tmp_path: Path) -> None:
     assert "printed before the kill" in (tmp_path / "c" / "rank0.log").read_text()
 
 
+@pytest.mark.timeout(120)
+def test_ranks_are_not_forked_from_a_launcher_that_initialised_cuda(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child forked after the launcher initialised CUDA cannot use CUDA: such a launcher must start its ranks as
+    fresh interpreters, whatever `preload` asks. torch.cuda's initialised flag (set here as CUDA would set it) is
+    inherited by a forked rank and absent from a fresh one."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "_initialized", True)
+    monkeypatch.setattr(torch, "_launch_test_mark", True, raising=False)
+    assert torch.cuda.is_initialized()
+    code = spawn_ranks(2, WORKERS_MODULE, ["cuda_state", str(tmp_path)], tmp_path / "run", preload=("torch",),
+                       env={"PYTHONPATH": str(REPO_ROOT)})
+    assert code == 0, (tmp_path / "run" / "rank0.log").read_text()
+    states = [json.loads((tmp_path / f"cuda_state{r}.json").read_text()) for r in range(2)]
+    assert states == [{"inherited_cuda_state": False, "forked": False}] * 2
+
+
+@pytest.mark.timeout(60)
+def test_ranks_are_forked_from_a_launcher_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU path keeps its forked ranks (they inherit what the launcher imported, its mark on torch included)."""
+    import torch
+
+    monkeypatch.setattr(torch, "_launch_test_mark", True, raising=False)
+    assert not torch.cuda.is_initialized()
+    assert spawn_ranks(1, WORKERS_MODULE, ["cuda_state", str(tmp_path)], tmp_path / "run", preload=("torch",)) == 0
+    assert json.loads((tmp_path / "cuda_state0.json").read_text()) == {"inherited_cuda_state": False, "forked": True}
+
+
 def test_init_distributed_outside_a_launch_says_how(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)

@@ -71,6 +71,13 @@ def exit_text(out_dir: Path) -> None:
     sys.exit("stopping with a message")
 
 
+def cuda_state(out_dir: Path) -> None:
+    """Whether this rank started with the launcher's CUDA state and its mark on torch: a forked rank inherits both,
+    a fresh interpreter neither."""
+    (out_dir / f"cuda_state{os.environ['RANK']}.json").write_text(json.dumps(dict(
+        inherited_cuda_state=bool(torch.cuda._initialized), forked=hasattr(torch, "_launch_test_mark"))))
+
+
 def kill_self(out_dir: Path) -> None:
     print("printed before the kill", flush=True)
     os.kill(os.getpid(), 9)
@@ -79,5 +86,5 @@ def kill_self(out_dir: Path) -> None:
 if __name__ == "__main__":
     mode, out = sys.argv[1:]
     modes = {"all_reduce": all_reduce, "crash": crash, "hang": hang, "exit_3": exit_3, "exit_text": exit_text,
-             "kill_self": kill_self}
+             "kill_self": kill_self, "cuda_state": cuda_state}
     modes[mode](Path(out))
