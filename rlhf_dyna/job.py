@@ -9,6 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from .config import Config
+from .models.checkpoint_fields import resolve_model
 from .orchestrator.checkpoint_dirs import CheckpointError, resolve_trainer_resume
 from .validate import ConfigError, validate, wants_cuda
 
@@ -37,6 +38,7 @@ def run_job(dcfg: DictConfig) -> int:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     torchrun = launch.under_torchrun()
     try:
+        resolve_model(cfg)  # the checkpoint's architecture and the context length, as the checks and ranks use them
         validate(cfg, under_torchrun=torchrun)
         if not cfg.dry_run:  # [ckpt] a bad trainer.resume fails here; the ranks get the concrete step dir
             cfg.trainer.resume = resolve_trainer_resume(cfg.trainer, out_dir)
@@ -58,4 +60,4 @@ def run_job(dcfg: DictConfig) -> int:
         return 0
     print(f"rlhf_dyna: recipe {cfg.recipe}, {cfg.parallel.world_size} local ranks, output in {out_dir}", flush=True)
     return launch.spawn_ranks(cfg.parallel.world_size, "rlhf_dyna.worker", [str(out_dir)], run_dir=out_dir, env=QUIET_ENV,
-                              preload=RANK_PRELOAD)
+                              preload=RANK_PRELOAD, console=cfg.tracking.console)

@@ -8,8 +8,11 @@ import os
 from pathlib import Path
 
 from .algos.choices import KL_CONTROLLERS, KL_ESTIMATOR_NAMES, LOSS_AGGS
+from .checks.context import check_kv_cache, check_lengths
 from .checks.errors import ConfigError
+from .checks.model_files import check_weight_files
 from .config import Config, LayoutConfig, ModelConfig
+from .tracking.console import CONSOLE_MODES
 from .validate_algorithm import check_algorithm
 from .validate_moe import MoeConfigError, check_moe_live, is_moe
 
@@ -24,6 +27,7 @@ CHOICES = {
     "rollout.sync": ("naive", "vps"),
     "task.name": ("arithmetic", "sort_digits", "file"),
     "tracking.wandb_mode": ("offline", "online", "disabled"),
+    "tracking.console": CONSOLE_MODES,
     "trainer.precision": ("fp32", "bf16"),
     "parallel.device": ("auto", "cpu", "cuda"),
     "model.arch": ("llama", "qwen2", "qwen3", "qwen3_moe"),
@@ -248,18 +252,6 @@ def check_batch_split(cfg: Config) -> None:
             )
 
 
-def check_lengths(cfg: Config) -> None:
-    """Prompt + completion must fit vLLM's max_model_len (model.max_position_embeddings)."""
-    r = cfg.rollout
-    t, limit = cfg.task, cfg.model.max_position_embeddings
-    if t.name == "file" and t.max_prompt_tokens > 0 and t.max_prompt_tokens + r.max_new_tokens > limit:
-        raise ConfigError(
-            f"task.max_prompt_tokens + rollout.max_new_tokens = {t.max_prompt_tokens} + {r.max_new_tokens} exceeds "
-            f"model.max_position_embeddings={limit} (vLLM's max_model_len); raise model.max_position_embeddings to at "
-            f"least {t.max_prompt_tokens + r.max_new_tokens} (within the checkpoint's) or lower the other two."
-        )
-
-
 def cuda_device_count() -> int:
     try:
         import torch
@@ -315,6 +307,7 @@ def validate(cfg: Config, under_torchrun: bool = False) -> None:
     check_placement_config(cfg)
     if not cfg.dry_run:
         check_resources(cfg, under_torchrun)
+        check_weight_files(cfg.model.path)
         check_runs_live(cfg)
         from .tasks.validate_data import check_data  # deferred: datasets / transformers load only for real runs
 
@@ -323,3 +316,4 @@ def validate(cfg: Config, under_torchrun: bool = False) -> None:
         except ValueError as err:
             raise ConfigError(str(err)) from err
         check_lengths(cfg)
+        check_kv_cache(cfg, "cuda" if wants_cuda(cfg) else "cpu")

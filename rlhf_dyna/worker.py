@@ -17,13 +17,17 @@ def shared_output_dir(out_dir: Path) -> Path:
 
 
 def run_rank(cfg: Config, out_dir: Path) -> None:
-    from .launch import init_distributed, shutdown_distributed
+    from .launch import init_distributed, record_failure, route_rank_output, shutdown_distributed
     from .orchestrator.loop import run_training
 
     dist_info = init_distributed()
     out_dir = shared_output_dir(out_dir)
+    route_rank_output(out_dir, dist_info.rank, cfg.tracking.console)  # torchrun: output to logs/, as spawn_ranks does
     try:
         run_training(cfg, out_dir, dist_info)
+    except Exception as err:
+        record_failure(err, dist_info.rank)  # before the peers can fail of it, so the launcher shows this one
+        raise
     finally:
         shutdown_distributed()
 

@@ -111,7 +111,7 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
     actor = build_actor(cfg, source, ctx)
     model_dir = write_initial_checkpoint(source, actor, tokenizer, out_dir, dist_info.node_rank, dist_info.local_rank)
     rollout = VLLMRollout(
-        str(model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
+        str(model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=cfg.rollout.max_model_len,
         kv_cache_bytes=cfg.rollout.kv_cache_bytes, dtype="bfloat16" if cfg.trainer.precision == "bf16" else "float32",
         expert_parallel=cfg.rollout.expert_parallel,
     )

@@ -12,6 +12,7 @@ from ..tasks.base import BaseTask as Task
 from ..tasks.base import Example
 from ..tasks.hf_tokenizer import HFTokenizer
 from ..tasks.tokenizer import CharTokenizer
+from ..tracking.console import announce
 from .batch import Sample, gather_samples, pack, shard_rows
 from .objectives import sft_loss
 
@@ -69,6 +70,7 @@ def evaluate(cfg: Config, rollout, task: Task, tokenizer: Tokenizer, ctx, prefix
     t0 = time.perf_counter()
     examples = task.eval_set()
     usable = len(examples) - len(examples) % ctx.rollout_replicas
+    announce(f"evaluating {usable} prompts ({prefix})...")
     local = generate(cfg, rollout, task, tokenizer, examples[:usable], ctx, greedy=True)
     samples = sorted(gather_samples(local, ctx.is_rollout_leader), key=lambda s: s.prompt_index)
     texts = [tokenizer.decode(s.response_ids) for s in samples]
@@ -85,6 +87,7 @@ def supervised_warmup(cfg: Config, actor, task: Task, tokenizer: Tokenizer, ctx)
     if steps <= 0:
         return {}
     t0 = time.perf_counter()
+    announce(f"supervised warm-up, {steps} steps...")
     rng = random.Random(cfg.trainer.seed + 2)
     saved_lrs = [g["lr"] for g in actor.optimizer.param_groups]
     for group in actor.optimizer.param_groups:

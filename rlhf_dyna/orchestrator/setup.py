@@ -14,6 +14,7 @@ from ..models.meta_init import checkpoint_config, checkpoint_loader, meta_critic
 from ..tasks.base import BaseTask, make_task
 from ..tasks.file_task import make_file_task
 from ..tasks.tokenizer import CharTokenizer
+from ..tracking.console import announce
 from ..train.copy_shards import copy_local_shards_
 from ..train.engine import TrainEngine, full_state_dict
 from ..train.pipeline_engine import make_engine
@@ -117,6 +118,7 @@ def build_actor(cfg: Config, source: ModelSpec | str, ctx: RankContext, mesh=Non
     """Random init: the full seeded model, then sharded (tiny recipes, bit-identical across layouts). A checkpoint:
     built on meta, sharded, and each rank reads only its shards (models.meta_init)."""
     mesh = mesh if mesh is not None else ParallelDims.from_config(cfg).train_mesh()  # split: the train set's mesh
+    announce(f"building the actor from {source}..." if isinstance(source, str) else "building the actor...")
     if isinstance(source, str):
         policy, materialize = meta_policy(checkpoint_config(source), DTYPES["fp32"]), checkpoint_loader(source, _device(mesh))
     else:

@@ -128,7 +128,7 @@ class SplitState:
 
 def start_engine(cfg: Config, model_dir: Path, rank: int) -> SubsetVLLMRollout:
     """This rank's tp=1 engine (core in its own process), opened on the run's initial weights."""
-    return SubsetVLLMRollout(model_dir, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
+    return SubsetVLLMRollout(model_dir, seed=cfg.trainer.seed, max_model_len=cfg.rollout.max_model_len,
                              kv_cache_bytes=cfg.rollout.kv_cache_bytes, rank=rank,
                              dtype="bfloat16" if cfg.trainer.precision == "bf16" else "float32")
 

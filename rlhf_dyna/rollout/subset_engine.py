@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..tracking.console import announce
 from .vllm_engine import VLLMRollout
 
 SHM_DIR = Path("/dev/shm")
@@ -62,6 +63,7 @@ class SubsetVLLMRollout(VLLMRollout):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # engine core in its own process: outside our world
         # every engine sees itself as local rank 0 and would pin its OMP threads to core 0: let the OS place them
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        announce(f"starting vLLM on rank {rank} (max_model_len={max_model_len})...")
         try:
             self.llm = LLM(
                 model=str(model_dir), tensor_parallel_size=1, distributed_executor_backend="uni",

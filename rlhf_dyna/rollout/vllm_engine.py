@@ -25,6 +25,7 @@ from torch import Tensor
 
 from rlhf_dyna.models.moe_weights import to_checkpoint_names
 from rlhf_dyna.rollout.vllm_moe_cpu import repack_all_experts
+from rlhf_dyna.tracking.console import announce
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class VLLMRollout:
         self.dp_size = world // tp
         self.dp_rank = (dist.get_rank() if dist.is_initialized() else 0) // tp
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
+        announce(f"starting vLLM (tp={tp}, max_model_len={max_model_len})...")
         if expert_parallel and current_platform.is_cpu():
             from .vllm_cpu_ep import install
 

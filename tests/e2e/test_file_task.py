@@ -43,7 +43,7 @@ def test_file_task_trains_a_real_checkpoint_on_chat_prompts(tmp_path):
         f"task.eval_files=[{eval_file}]", "task.reward=[math,my_rewards:record]", "task.reward_weights=[1.0,0.5]",
         "trainer.total_steps=2", "trainer.sft_warmup_steps=0", "task.prompts_per_step=4", "rollout.n=2",
         "rollout.max_new_tokens=8", "task.eval_size=4", "task.eval_every=2", "algorithm.micro_batch_size=8",
-        "model.max_position_embeddings=128", "task.max_prompt_tokens=96", "tracking.wandb_mode=disabled", "tracking.sample_log=8",
+        "task.max_prompt_tokens=96", "tracking.wandb_mode=disabled", "tracking.sample_log=8",
         f"hydra.run.dir={run_dir}",
     ], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
