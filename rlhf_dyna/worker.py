@@ -18,11 +18,11 @@ def shared_output_dir(out_dir: Path) -> Path:
 
 def run_rank(cfg: Config, out_dir: Path) -> None:
     from .launch import init_distributed, record_failure, route_rank_output, shutdown_distributed
-    from .orchestrator.loop import run_training
 
     dist_info = init_distributed()
     out_dir = shared_output_dir(out_dir)
     route_rank_output(out_dir, dist_info.rank, cfg.tracking.console)  # torchrun: output to logs/, as spawn_ranks does
+    from .orchestrator.loop import run_training  # after the routing: vLLM's import notices go to the log
     try:
         run_training(cfg, out_dir, dist_info)
     except Exception as err:

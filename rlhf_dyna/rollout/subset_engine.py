@@ -55,6 +55,7 @@ class SubsetVLLMRollout(VLLMRollout):
                  dtype: str = "float32", logprobs_mode: str = "processed_logprobs",
                  enable_prefix_caching: bool = True, block_size: int | None = None, rank: int = 0) -> None:
         from vllm import LLM
+        from vllm.platforms import current_platform
 
         self.tp, self.dp_size, self.dp_rank, self.expert_parallel = 1, 1, 0, False
         self.rank = rank
@@ -71,6 +72,7 @@ class SubsetVLLMRollout(VLLMRollout):
                 dtype=dtype, max_model_len=max_model_len, logprobs_mode=logprobs_mode,
                 enable_prefix_caching=enable_prefix_caching, **({} if block_size is None else {"block_size": block_size}),
                 worker_extension_cls=f"{__name__}.ShmWeightInstall",
+                enable_chunked_prefill=not current_platform.is_cpu(),  # as VLLMRollout: seeded CPU sampling
             )
         finally:
             if previous is None:

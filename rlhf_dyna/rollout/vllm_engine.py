@@ -81,6 +81,9 @@ class VLLMRollout:
             enable_prefix_caching=enable_prefix_caching,
             load_format=load_format,
             enable_expert_parallel=expert_parallel,
+            # vLLM 0.32's CPU runner rewinds a seeded generator when a chunked prefill's token is discarded, which a
+            # CPU generator cannot do ("CPU Generator does not use offset"): prompts are prefilled whole on the CPU
+            enable_chunked_prefill=not current_platform.is_cpu(),
             **({} if block_size is None else {"block_size": block_size}),  # CPU default 128; only full blocks are prefix-cached
             worker_cls="rlhf_dyna.rollout.cpu_worker.ShmIdentCPUWorker" if current_platform.is_cpu() else "auto",
         )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from rlhf_dyna.tracking import names
 
 CONSOLE_MODES: tuple[str, ...] = ("progress", "plain", "verbose", "off")  # tracking.console
-OWN_PREFIX = "rlhf_dyna"  # every line of ours starts with it, but the step lines
+OWN_PREFIX = "rlhf_dyna:"  # every line of ours starts with it, but the step lines (not "rlhf_dyna.x.Error", a traceback's)
 WORKING_SUFFIX = "..."  # a status line that ends so says what is being done now (the bar's caption, not a record)
 CONSOLE_KEYS: tuple[str, ...] = (
     names.REWARD_MEAN, names.ACTOR_PG_LOSS, names.ACTOR_KL,
@@ -25,7 +25,7 @@ _STEP_LINE = re.compile(r"^step (\d+)/(\d+)((?: \| [^|]+)*)$")
 
 def announce(what: str) -> None:
     """A status line: `what` ends with WORKING_SUFFIX while it is being done ("evaluating 64 prompts...")."""
-    print(f"{OWN_PREFIX}: {what}", flush=True)
+    print(f"{OWN_PREFIX} {what}", flush=True)
 
 
 def _number(value: float) -> str:
