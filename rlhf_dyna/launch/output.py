@@ -101,6 +101,7 @@ def route_rank_output(run_dir: Path | str, rank: int, mode: str) -> None:
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = _OwnLines(log, console)
     _console = console
+    print(f"rlhf_dyna: output in {run_dir}, rank logs in {log_dir(run_dir)}", flush=True)
 
 
 def kept_console() -> IO[str] | None:

@@ -38,7 +38,8 @@ def run_rank(tmp_path: Path, rank: int, mode: str) -> tuple[str, str]:
 @pytest.mark.timeout(120)
 def test_rank0_shows_its_own_lines_and_logs_everything(tmp_path):
     console, log = run_rank(tmp_path, 0, "progress")
-    assert console.splitlines() == ["rlhf_dyna: building the actor...", "step 1/2 | reward/mean 0.5",
+    assert console.splitlines() == [f"rlhf_dyna: output in {tmp_path}, rank logs in {tmp_path / 'logs'}",
+                                    "rlhf_dyna: building the actor...", "step 1/2 | reward/mean 0.5",
                                     "rlhf_dyna: error: task.reward 'x:y' failed on purpose"]
     for noise in NOISE:
         assert noise in log
