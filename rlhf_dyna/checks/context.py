@@ -63,7 +63,7 @@ def check_kv_cache(cfg: Config, device: str) -> None:
         m = cfg.model
         raise ConfigError(
             f"rollout.kv_cache_bytes={kv} ({kv / 2**20:.2f} MiB) is too small for vLLM to hold one sequence of "
-            f"rollout.max_model_len={max_model_len(cfg)} tokens: with {m.num_hidden_layers} layers, "
+            f"rollout.max_model_len={max_model_len(cfg)} tokens: with {m.num_hidden_layers} layer(s), "
             f"{m.num_key_value_heads} KV heads (rollout.tp={cfg.rollout.tp}), head dim "
             f"{m.head_dim or m.hidden_size // m.num_attention_heads}, trainer.precision={cfg.trainer.precision} and "
             f"{BLOCK_TOKENS[device]}-token blocks it needs at least {need} bytes ({need / 2**20:.2f} MiB). Set "

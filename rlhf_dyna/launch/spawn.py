@@ -178,10 +178,16 @@ def spawn_ranks(
     command = [sys.executable, entry] if entry.endswith(".py") else [sys.executable, "-m", entry]
     if preload and entry.endswith(".py"):
         raise ValueError(f"spawn_ranks: preload forks the ranks and runs a module; got the script {entry}")
+    for rank in range(world_size):  # a run dir reused (resume) must not show an earlier run's failure
+        error_file(run_dir, rank).unlink(missing_ok=True)
     view = ConsoleView(console)
-    view.status(f"starting {world_size} ranks...")
-    if preload:
-        _preload(preload, _rank_env(0, world_size, port, run_ident, env), run_dir, console)
+    try:
+        view.status(f"starting {world_size} ranks...")
+        if preload:
+            _preload(preload, _rank_env(0, world_size, port, run_ident, env), run_dir, console)
+    except BaseException:
+        view.close()
+        raise
 
     stop_signal: list[int] = []
     previous_handlers = {}

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from ..algos.kl import kl_penalty
 from ..algos.kl_control import make_kl_controller
 from ..config import Config
+from ..rollout.context_length import max_model_len
 from ..rollout.vllm_engine import VLLMRollout
 from ..tasks.base import Example
 from ..tasks.hf_tokenizer import build_tokenizer
@@ -111,7 +112,7 @@ def run_training(cfg: Config, out_dir: Path, dist_info) -> None:
     actor = build_actor(cfg, source, ctx)
     model_dir = write_initial_checkpoint(source, actor, tokenizer, out_dir, dist_info.node_rank, dist_info.local_rank)
     rollout = VLLMRollout(
-        str(model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=cfg.rollout.max_model_len,
+        str(model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
         kv_cache_bytes=cfg.rollout.kv_cache_bytes, dtype="bfloat16" if cfg.trainer.precision == "bf16" else "float32",
         expert_parallel=cfg.rollout.expert_parallel,
     )

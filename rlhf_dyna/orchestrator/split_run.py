@@ -25,6 +25,7 @@ from ..algos.kl_control import make_kl_controller
 from ..config import Config
 from ..elastic.placement import ACTOR, GENERATE, ROLLOUT, TRAIN_ACTOR, RankSet
 from ..models.build import make_hf_config, save_hf_dir
+from ..rollout.context_length import max_model_len
 from ..rollout.subset_engine import SubsetVLLMRollout
 from ..tasks.hf_tokenizer import build_tokenizer
 from ..tracking.timeline import record_phase, write_run_trace
@@ -128,7 +129,7 @@ class SplitState:
 
 def start_engine(cfg: Config, model_dir: Path, rank: int) -> SubsetVLLMRollout:
     """This rank's tp=1 engine (core in its own process), opened on the run's initial weights."""
-    return SubsetVLLMRollout(model_dir, seed=cfg.trainer.seed, max_model_len=cfg.rollout.max_model_len,
+    return SubsetVLLMRollout(model_dir, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
                              kv_cache_bytes=cfg.rollout.kv_cache_bytes, rank=rank,
                              dtype="bfloat16" if cfg.trainer.precision == "bf16" else "float32")
 

@@ -94,7 +94,7 @@ CASES = [
      "{root}/truncated/model.safetensors is not a whole safetensors file"),
     ("kv_cache_too_small", lambda s: [f"model.path={s['ckpt']}", f"task.train_files=[{s['data']}]", "rollout.kv_cache_bytes=100000"],
      "rollout.kv_cache_bytes=100000 (0.10 MiB) is too small for vLLM to hold one sequence of rollout.max_model_len=262 "
-     "tokens: with 1 layers, 2 KV heads (rollout.tp=1), head dim 32, trainer.precision=fp32 and 128-token blocks it needs "
+     "tokens: with 1 layer(s), 2 KV heads (rollout.tp=1), head dim 32, trainer.precision=fp32 and 128-token blocks it needs "
      "at least 262144 bytes (0.25 MiB). Set rollout.kv_cache_bytes >= 262144"),
 ]
 
