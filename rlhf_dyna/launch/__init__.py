@@ -7,12 +7,12 @@ routes the ranks' output to log files and `failure.py` records and picks the fai
 rank.py imports torch, on first use of its names: a launcher refuses a bad run before it pays for torch."""
 from __future__ import annotations
 
-from .failure import error_file, failure_report, record_failure
+from .failure import record_failure
 from .host import (
     RANKS_PER_CORE_LIMIT, LaunchError, check_capacity, free_port, local_device_kind, new_run_ident, under_torchrun,
     usable_cores,
 )
-from .output import LOG_DIR, log_dir, rank_log, route_rank_output
+from .output import route_rank_output
 from .shm import SHM_DIR, clean_shm_segments, pin_vllm_shm_ident, run_segments
 from .spawn import ERROR_TAIL_LINES, TERMINATE_GRACE_S, group_members, spawn_ranks
 
@@ -28,9 +28,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "DistInfo", "ERROR_TAIL_LINES", "LOG_DIR", "LaunchError", "RANKS_PER_CORE_LIMIT", "SHM_DIR", "TERMINATE_GRACE_S",
-    "check_capacity", "clean_shm_segments", "error_file", "failure_report", "free_port", "group_members",
-    "init_distributed", "local_device_kind", "log_dir", "new_run_ident", "pin_vllm_shm_ident", "rank_log",
-    "record_failure", "route_rank_output", "run_segments", "shutdown_distributed", "spawn_ranks", "under_torchrun",
-    "usable_cores",
+    "DistInfo", "ERROR_TAIL_LINES", "LaunchError", "RANKS_PER_CORE_LIMIT", "SHM_DIR", "TERMINATE_GRACE_S",
+    "check_capacity", "clean_shm_segments", "free_port", "group_members", "init_distributed", "local_device_kind",
+    "new_run_ident", "pin_vllm_shm_ident", "record_failure", "route_rank_output", "run_segments",
+    "shutdown_distributed", "spawn_ranks", "under_torchrun", "usable_cores",
 ]

@@ -15,7 +15,6 @@ import time
 from collections import deque
 from pathlib import Path
 from collections.abc import Sequence
-from typing import IO
 
 from rlhf_dyna.tracking.console_view import ConsoleView
 
@@ -120,7 +119,7 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _failure_env(run_dir: Path, rank: int) -> dict[str, str]:
+def _output_env(run_dir: Path, rank: int) -> dict[str, str]:
     """What a rank needs to route and record (launch/output.py, launch/failure.py)."""
     return {ERROR_FILE_ENV: str(error_file(run_dir, rank)), ROUTED_ENV: "1"}
 
@@ -201,7 +200,7 @@ def spawn_ranks(
     failed_rank: int | None = None
     try:
         for rank in range(world_size):  # every rank starts before any thread of ours does: forking stays safe
-            rank_env = {**_rank_env(rank, world_size, port, run_ident, env), **_failure_env(run_dir, rank)}
+            rank_env = {**_rank_env(rank, world_size, port, run_ident, env), **_output_env(run_dir, rank)}
             if preload:
                 procs.append(fork_rank(entry, args, rank_env, close_fds=[p.stdout.fileno() for p in procs]))
             else:

@@ -42,7 +42,7 @@ def _unreadable(key: str, files: list[str], err: Exception) -> str:
         if FORMATS.get(file.suffix.lower()) == "json":
             where = _bad_json_line(file)
             if where is not None:
-                return (f"{key}: {name} {where}. Each line of a .jsonl file must be one JSON object with the prompt "
+                return (f"{key}: {name} {where}. Each line of a JSON-lines file must be one JSON object with the prompt "
                         f"and answer columns, e.g. {{\"prompt\": \"What is 2 + 3?\", \"answer\": \"5\"}}.")
     return (f"{key}: {', '.join(files)} could not be read as {data_format(files)} data ({type(err).__name__}: "
             f"{str(err).splitlines()[0] if str(err) else ''}); check that each file is valid {data_format(files)}.")

@@ -80,7 +80,7 @@ CASES = [
     # issue 31, item 7: each names the file, row, reward or checkpoint at fault and what would be right
     ("malformed_line", lambda s: [f"model.path={s['ckpt']}", f"task.train_files=[{s['root']}/malformed.jsonl]"],
      "malformed.jsonl line 3 is not valid JSON (Expecting value at column 35): '{\"prompt\": \"3 plus 1?\", \"answer\": '. "
-     "Each line of a .jsonl file must be one JSON object"),
+     "Each line of a JSON-lines file must be one JSON object"),
     ("empty_file", lambda s: [f"model.path={s['ckpt']}", f"task.train_files=[{s['root']}/empty.jsonl]"],
      "task.train_files: " + "{root}/empty.jsonl is empty (no rows)"),
     ("reward_raises", lambda s: [f"model.path={s['ckpt']}", f"task.train_files=[{s['data']}]", "task.reward=bad_rewards:raises"],
