@@ -17,6 +17,7 @@ from ..config import Config
 from ..launch.devices import gpu_memory_bytes, run_device
 from ..launch.host import visible_gpu_count
 from ..models.catalog import catalog_from_config
+from ..rollout.context_length import max_model_len
 from ..rollout.gpu_defaults import DTYPE_BYTES, KV_BLOCK_TOKENS, KvShape, rollout_dtype, sequence_kv_bytes
 from .errors import ConfigError
 
@@ -83,9 +84,9 @@ def check_kv_cache(cfg: Config, device_type: str, gpu_bytes: int | None) -> None
     """vLLM's KV budget holds one max_model_len sequence: the exact one (rollout.kv_cache_bytes) anywhere, or on a
     GPU of known size the share gpu_memory_utilization leaves after vLLM's weights."""
     shape, r = kv_shape(cfg, device_type), cfg.rollout
-    max_len = cfg.model.max_position_embeddings
+    max_len = max_model_len(cfg)
     need = sequence_kv_bytes(shape, max_len, device_type)
-    what = (f"one sequence of max_model_len={max_len} tokens needs {need:,} bytes of KV cache on each rollout rank "
+    what = (f"one sequence of rollout.max_model_len={max_len} tokens needs {need:,} bytes of KV cache on each rollout rank "
             f"({shape.layers} layers x K and V x {max(1, shape.kv_heads // shape.tp)} KV head(s) x head_dim "
             f"{shape.head_dim} x {DTYPE_BYTES[shape.dtype]} bytes, in whole blocks of {KV_BLOCK_TOKENS[device_type]} "
             f"tokens plus the block vLLM keeps back)")

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..tracking.console import announce
 from ..train.checkpoint import load_engines, save_engines
 from ..train.engine import TrainEngine
 from .checkpoint_dirs import CHECKPOINTS, MARKER, prune, read_marker, step_dir
@@ -141,6 +142,7 @@ def checkpoint_and_export(cfg, run_dir: Path, step: int, engines: dict, loop_rng
     if not save_due(trainer, step):
         return
     t0 = time.perf_counter()
+    announce(f"saving the checkpoint of step {step}...")
     path = save_run(run_dir, step, engines, loop_rng, task, layout, trainer.keep_checkpoints, kl_coef)
     t1 = time.perf_counter()
     if trainer.export_policy:

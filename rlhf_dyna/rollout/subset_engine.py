@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ..launch.devices import engine_visible_devices
+from ..tracking.console import announce
 from .gpu_defaults import memory_args
 from .vllm_engine import VLLMRollout
 
@@ -91,6 +92,7 @@ class SubsetVLLMRollout(VLLMRollout):
                                                                         torch.cuda.current_device())
         # every engine sees itself as local rank 0 and would pin its OMP threads to core 0: let the OS place them
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        announce(f"starting vLLM on rank {rank} (max_model_len={max_model_len})...")
         with engine_environment(engine_env):
             self.llm = LLM(
                 model=str(model_dir), tensor_parallel_size=1, distributed_executor_backend="uni",
@@ -99,6 +101,7 @@ class SubsetVLLMRollout(VLLMRollout):
                 dtype=dtype, max_model_len=max_model_len, logprobs_mode=logprobs_mode,
                 enable_prefix_caching=enable_prefix_caching, **({} if block_size is None else {"block_size": block_size}),
                 worker_extension_cls=f"{__name__}.ShmWeightInstall",
+                enable_chunked_prefill=not current_platform.is_cpu(),  # as VLLMRollout: seeded CPU sampling
             )
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:

@@ -34,6 +34,7 @@ from torch import Tensor
 from rlhf_dyna.models.moe_weights import to_checkpoint_names
 from rlhf_dyna.rollout.gpu_defaults import memory_args
 from rlhf_dyna.rollout.vllm_moe_cpu import repack_all_experts
+from rlhf_dyna.tracking.console import announce
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class VLLMRollout:
         self.sleep_level = sleep_level if device_type == "cuda" else 0
         self.asleep: set[str] = set()  # what vLLM has released: "weights", "kv_cache"
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
+        announce(f"starting vLLM (tp={tp}, max_model_len={max_model_len})...")
         if expert_parallel and current_platform.is_cpu():
             from .vllm_cpu_ep import install
 
@@ -94,6 +96,9 @@ class VLLMRollout:
             enable_prefix_caching=enable_prefix_caching,
             load_format=load_format,
             enable_expert_parallel=expert_parallel,
+            # vLLM 0.32's CPU runner rewinds a seeded generator when a chunked prefill's token is discarded, which a
+            # CPU generator cannot do ("CPU Generator does not use offset"): prompts are prefilled whole on the CPU
+            enable_chunked_prefill=not current_platform.is_cpu(),
             **({} if block_size is None else {"block_size": block_size}),  # CPU default 128; only full blocks are prefix-cached
             worker_cls="rlhf_dyna.rollout.cpu_worker.ShmIdentCPUWorker" if current_platform.is_cpu() else "auto",
         )

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from ...elastic.placement import WEIGHT_SYNC
 from ...parallel_layout import ParallelLayout, RolloutLayout, reached_by, switch_at
+from ...rollout.context_length import max_model_len
 from ...rollout.gpu_defaults import engine_args
 from ...rollout.vllm_engine import VLLMRollout
 from ...tracking.timeline import record_step_phases
@@ -39,7 +40,7 @@ class ColocateRuntime(Runtime):
         self.model_dir = write_initial_checkpoint(run.source, self.actor, run.tokenizer, run.out_dir, info.node_rank,
                                                   info.local_rank)
         self.rollout = VLLMRollout(
-            str(self.model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
+            str(self.model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
             expert_parallel=cfg.rollout.expert_parallel, **engine_args(cfg, info.device.type, colocated=True),
         )
         self.recorder = self._recorder(WEIGHT_SYNC)

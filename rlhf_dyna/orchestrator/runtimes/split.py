@@ -21,6 +21,7 @@ from ...elastic.placement import ACTOR, GENERATE, ROLLOUT, TRAIN_ACTOR
 from ...models.build import make_hf_config, save_hf_dir
 from ...models.meta_init import checkpoint_config
 from ...parallel_layout import ParallelLayout, RolloutLayout
+from ...rollout.context_length import max_model_len
 from ...rollout.gpu_defaults import engine_args
 from ...rollout.subset_engine import SubsetVLLMRollout
 from ...tracking.timeline import record_phase
@@ -50,7 +51,7 @@ def split_layouts(cfg, rollout_ranks: int | None = None) -> tuple[ParallelLayout
 
 def start_engine(cfg, model_dir: Path, rank: int) -> SubsetVLLMRollout:
     """This rank's tp=1 engine (core in its own process), opened on the run's initial weights."""
-    return SubsetVLLMRollout(model_dir, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
+    return SubsetVLLMRollout(model_dir, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
                              rank=rank, **engine_args(cfg, world_device_type(), colocated=False))
 
 
