@@ -19,7 +19,7 @@ CLI_CASES = [
     (["rollout.gpu_memory_utilization=1.5"], "rollout.gpu_memory_utilization=1.5 is outside (0, 1]"),
     # the minimum vLLM 0.32 enforces for this model (tests/gpu/test_kv_minimum.py)
     (["rollout.kv_cache_bytes=262143"], "rollout.kv_cache_bytes=262,143 cannot hold one sequence: one sequence of "
-                                        "max_model_len=64 tokens needs 262,144 bytes"),
+                                        "rollout.max_model_len=64 tokens needs 262,144 bytes"),
 ]
 
 
