@@ -101,3 +101,13 @@ def test_pure_layers_import_nothing_live():
 def test_no_module_over_the_size_limit():
     long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_every_package_is_in_the_wheel():
+    """A built wheel carries the packages pyproject.toml lists: every folder of rlhf_dyna must be among them."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(p.parent.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("__init__.py")
+               if "conf" not in p.parent.relative_to(PACKAGE).parts}
+    assert folders - listed == set()
