@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..config import Config
 from .algorithm import check_algorithm
 from .data import check_data, check_lengths
+from .elastic import check_elastic
 from .errors import ConfigError
 from .layouts import check_layouts, check_runs_live
 from .placement import check_placement_config
@@ -20,6 +21,7 @@ def check_config(cfg: Config, under_torchrun: bool = False) -> None:
     check_algorithm(cfg)
     check_layouts(cfg)
     check_placement_config(cfg)
+    check_elastic(cfg)
     if cfg.dry_run:
         return
     check_resources(cfg, under_torchrun)
