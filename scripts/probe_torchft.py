@@ -2,7 +2,7 @@
 
 Needs a venv of its own (torchft is no dependency of rlhf_dyna; pin torch first so no CUDA build comes):
     python3 -m venv /tmp/torchft-venv && /tmp/torchft-venv/bin/pip install torch==2.13.0 torchft==0.2.0 numpy
-    /tmp/torchft-venv/bin/python scripts/probe_torchft.py --out docs/bench/runs/probe_torchft.json
+    /tmp/torchft-venv/bin/python scripts/probe_torchft.py --out docs/bench/probe_torchft.json
 
 1. Reconfigurable gloo process group (torchft.ProcessGroupGloo): 3 processes all-reduce; rank 2 is SIGKILLed; the
    survivors' next all-reduce fails (how long it takes to say so); they re-configure over a fresh store prefix as a
@@ -11,6 +11,7 @@ Needs a venv of its own (torchft is no dependency of rlhf_dyna; pin torch first 
    batch_isend_irecv (what rlhf_dyna's transition executor calls) with the group passed in.
 2. Quorum (torchft's Lighthouse): 3 replicas ask for a quorum; replica 2 is SIGKILLed; the survivors' next quorum
    (how long until it forms without it); a new replica joins and the next quorum has 3 members again.
+3. torch's own `dist.shrink_group` (no torchft) on a gloo world of 3, excluding rank 2.
 """
 from __future__ import annotations
 
@@ -126,9 +127,12 @@ def quorum_worker(replica: int, addr: str, commands: mp.Queue, out: mp.Queue) ->
     out.put((replica, "heartbeating", "ok", None, 0.0))
     while (step := commands.get()) is not None:
         start = time.perf_counter()
-        q = client.quorum(replica_id=name, timeout=timedelta(seconds=30), step=step)
-        members = sorted(p.replica_id for p in q.participants)
-        out.put((replica, f"quorum {step}", "ok", members, time.perf_counter() - start))
+        try:
+            q = client.quorum(replica_id=name, timeout=timedelta(seconds=10), step=step)
+            members = sorted(p.replica_id for p in q.participants)
+            out.put((replica, f"quorum {step}", "ok", members, time.perf_counter() - start))
+        except Exception as err:  # a quorum that does not form in time is a result too
+            out.put((replica, f"quorum {step}", f"{type(err).__name__}: {err}", None, time.perf_counter() - start))
 
 
 def probe_quorum() -> list:
@@ -142,7 +146,9 @@ def probe_quorum() -> list:
     for p in procs.values():
         p.start()
     seen = drain(out, until=3)  # all three heartbeating
-    for step, replicas in ((0, (0, 1, 2)), (1, (0, 1)), (2, (0, 1, 3))):
+    # the joiner asks first: once every member of the previous quorum has asked, the lighthouse forms the next one
+    # at once from those who asked (a joiner asking later waits for the quorum after it)
+    for step, replicas in ((0, (0, 1, 2)), (1, (0, 1)), (2, (3, 0, 1))):
         if step == 1:  # replica 2 dies; the survivors ask at once
             os.kill(procs.pop(2).pid, signal.SIGKILL)
             seen.append(("parent", "SIGKILL replica_2", "sent", None, 0.0))
@@ -152,12 +158,48 @@ def probe_quorum() -> list:
             seen += drain(out, until=1)
         for r in replicas:
             commands[r].put(step)
+            time.sleep(0.2 if r == 3 else 0.0)
         seen += drain(out, until=len(replicas))
     for r, p in procs.items():
         commands[r].put(None)
         p.join(timeout=60)
     lighthouse.shutdown()
     return seen
+
+
+def shrink_worker(rank: int, port: int, out: mp.Queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    out.put((rank, "gloo supports_shrinking", "read", getattr(backend, "supports_shrinking", None), 0.0))
+    if rank < 2:  # the excluded rank does not take part
+        start = time.perf_counter()
+        try:
+            dist.shrink_group([2])
+            out.put((rank, "dist.shrink_group([2])", "ok", dist.get_world_size(), time.perf_counter() - start))
+        except Exception as err:  # what torch says for gloo
+            out.put((rank, "dist.shrink_group([2])", f"{type(err).__name__}: {err}", None, time.perf_counter() - start))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def probe_shrink() -> list:
+    """torch's own dist.shrink_group on a gloo world of 3 (no torchft)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()
+    procs = [ctx.Process(target=shrink_worker, args=(r, port, out)) for r in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    return drain(out)
 
 
 def drain(out: mp.Queue, until: int | None = None) -> list:
@@ -179,7 +221,7 @@ def main() -> None:
     args = parser.parse_args()
     report = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=f"{os.cpu_count()} CPU cores",
                   torch=torch.__version__, torchft=getattr(torchft, "__version__", "0.2.0"))
-    for name, probe in (("process_group", probe_process_group), ("quorum", probe_quorum)):
+    for name, probe in (("process_group", probe_process_group), ("quorum", probe_quorum), ("shrink_group", probe_shrink)):
         rows = probe()
         report[name] = [dict(who=w, what=what, result=res, value=v, seconds=round(s, 3)) for w, what, res, v, s in rows]
         for r in report[name]:
