@@ -15,7 +15,8 @@ consecutive in the old numbering, the destination specs carry a rank map (vps.sp
 
 The new layout follows the placement rules: dp changes first (the layout's dp fills each new set); tp, pp, cp and ep
 drop to a divisor of their value only where the new set sizes require it. The global batch stays the same: a new dp
-that the step's rows do not split over is refused, as is a change that empties a role or fits no layout.
+that the step's rows do not split over is refused, as is a change that empties a role (every non-empty set fits
+some layout: tp = pp = cp = ep = 1 fills any size).
 """
 from __future__ import annotations
 
@@ -142,8 +143,9 @@ def layout_candidates(layout: ParallelLayout) -> list[ParallelLayout]:
     return [c[-1] for c in sorted(out, key=lambda c: c[:-1])]
 
 
-def layout_for(layout: ParallelLayout, sizes: list[int], what: str) -> ParallelLayout:
-    """The first candidate layout that fills every training set size in `sizes`; `what` names the change."""
+def layout_for(layout: ParallelLayout, sizes: list[int]) -> ParallelLayout:
+    """The first candidate layout that fills every training set size in `sizes` (all >= 1). There always is one:
+    tp = pp = cp = ep = 1 fills any size, so a change is refused for an emptied set or the batch, not for the layout."""
     for candidate in layout_candidates(layout):
         try:
             for size in sizes:
@@ -151,11 +153,7 @@ def layout_for(layout: ParallelLayout, sizes: list[int], what: str) -> ParallelL
         except LayoutError:
             continue
         return candidate
-    raise MembershipError(
-        f"{what}: the training sets would have {', '.join(map(str, sizes))} ranks, and no layout fits them: tp*pp*cp "
-        f"(now {layout.tp}*{layout.pp}*{layout.cp}) must divide each set, lowered at most to divisors of the current "
-        f"sizes, and ep={layout.ep} must divide dp*cp*tp. Keep at least {layout.inner} ranks per training set in a "
-        f"multiple of {layout.inner}, or choose smaller parallel.train sizes.")
+    raise AssertionError(f"tp = pp = cp = ep = 1 fills any set, yet none of {sizes} took a layout")
 
 
 def rollout_tp_for(tp: int, sizes: list[int]) -> int:
@@ -224,7 +222,7 @@ def world_after(placement: Placement, layout: ParallelLayout, rollout_tp: int, b
     sets = mapped_slots(placement, change, what)
     train_sizes = sorted({s.size for by_role in sets.values() for role, s in by_role.items() if s and role != ROLLOUT})
     roll_sizes = sorted({s.size for by_role in sets.values() for role, s in by_role.items() if s and role == ROLLOUT})
-    new_layout = layout_for(layout, train_sizes, what)
+    new_layout = layout_for(layout, train_sizes)
     new_tp = rollout_tp_for(rollout_tp, roll_sizes)
 
     def slot(role: str, ranks: RankSet | None) -> RoleSlot:

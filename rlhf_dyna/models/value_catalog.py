@@ -6,8 +6,9 @@ from dataclasses import replace
 from typing import Any
 
 from ..vps.model import CatalogTensor, ModelCatalog, Role
-from .build import VALUE_HEAD
 from .catalog import catalog_from_config
+
+VALUE_HEAD = "value_head"  # the critic's scalar head (models.build.ValueModel's module name)
 
 
 def value_catalog_from_config(cfg: Any, param_dtype: str = "bfloat16", state_dtype: str = "float32") -> ModelCatalog:

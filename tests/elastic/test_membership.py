@@ -52,12 +52,12 @@ def test_sets_map_to_contiguous_sets_and_the_last_one_takes_the_joiners():
 def test_dp_changes_first_and_tp_pp_only_where_the_size_requires():
     tp8 = ParallelLayout(tp=8)
     assert layout_candidates(tp8)[0] == ParallelLayout(dp=-1, tp=8)
-    assert layout_for(tp8, [120], "x").fill(120).dp == 15  # 128 -> 120 GPUs: dp 16 -> 15, tp stays 8
-    assert layout_for(ParallelLayout(tp=4), [6], "x") == ParallelLayout(tp=2)  # 6 ranks: tp 4 -> 2, dp 3
-    assert layout_for(ParallelLayout(tp=2, pp=2), [6], "x") == ParallelLayout(tp=2, pp=1)  # one dimension, tp kept
-    assert layout_for(ParallelLayout(tp=2, pp=2), [4, 8], "x") == ParallelLayout(tp=2, pp=2)
+    assert layout_for(tp8, [120]).fill(120).dp == 15  # 128 -> 120 GPUs: dp 16 -> 15, tp stays 8
+    assert layout_for(ParallelLayout(tp=4), [6]) == ParallelLayout(tp=2)  # 6 ranks: tp 4 -> 2, dp 3
+    assert layout_for(ParallelLayout(tp=2, pp=2), [6]) == ParallelLayout(tp=2, pp=1)  # one dimension, tp kept
+    assert layout_for(ParallelLayout(tp=2, pp=2), [4, 8]) == ParallelLayout(tp=2, pp=2)
     moe = ParallelLayout(tp=4, ep=8)
-    assert layout_for(moe, [120], "x") == moe and layout_for(moe, [12], "x") == ParallelLayout(tp=4, ep=4)
+    assert layout_for(moe, [120]) == moe and layout_for(moe, [12]) == ParallelLayout(tp=4, ep=4)
 
 
 def colocate(world: int, tp: int = 1, roles=(ACTOR, REFERENCE, ROLLOUT), rollout_tp: int = 1):

@@ -26,7 +26,7 @@ from rlhf_dyna.vps.validate import SpecError
 from ..vps.model_strategies import catalogs
 from ..vps.reference_executor import check_destination, execute, random_state
 
-BATCH = GlobalBatch(prompts=60, rows=120)  # splits over every dp and rollout replica count up to 6
+BATCH = GlobalBatch(prompts=420, rows=840)  # splits over every dp and rollout replica count up to 7 (5 ranks + 2)
 PPO = (ACTOR, CRITIC, REFERENCE, ROLLOUT)
 
 
