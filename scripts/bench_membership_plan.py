@@ -28,11 +28,12 @@ from rlhf_dyna.parallel_layout import ParallelLayout  # noqa: E402
 
 NODE = 8
 BATCH = GlobalBatch(prompts=127 * 240, rows=127 * 240 * 8)  # splits over every world below
+TP8 = ParallelLayout(tp=8)
 CASES = {  # name: (model, world, training layout, change, target CPU s)
-    "llama3_70b last node leaves": ("llama3_70b", 128, ParallelLayout(tp=8), WorldChange(128, tuple(range(120, 128))), 1.0),
-    "llama3_70b middle node leaves": ("llama3_70b", 128, ParallelLayout(tp=8), WorldChange(128, tuple(range(56, 64))), 1.0),
-    "llama3_70b node joins": ("llama3_70b", 120, ParallelLayout(tp=8), WorldChange(120, (), NODE), 1.0),
-    "llama3_70b middle rank leaves": ("llama3_70b", 128, ParallelLayout(tp=8), WorldChange(128, (61,)), 1.0),
+    "llama3_70b last node leaves": ("llama3_70b", 128, TP8, WorldChange(128, tuple(range(120, 128))), 1.0),
+    "llama3_70b middle node leaves": ("llama3_70b", 128, TP8, WorldChange(128, tuple(range(56, 64))), 1.0),
+    "llama3_70b node joins": ("llama3_70b", 120, TP8, WorldChange(120, (), NODE), 1.0),
+    "llama3_70b middle rank leaves": ("llama3_70b", 128, TP8, WorldChange(128, (61,)), 1.0),
     "qwen3_235b_a22b middle node leaves": ("qwen3_235b_a22b", 128, ParallelLayout(tp=4, ep=8),
                                            WorldChange(128, tuple(range(56, 64))), 2.0),
 }

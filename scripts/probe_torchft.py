@@ -221,7 +221,8 @@ def main() -> None:
     args = parser.parse_args()
     report = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=f"{os.cpu_count()} CPU cores",
                   torch=torch.__version__, torchft=getattr(torchft, "__version__", "0.2.0"))
-    for name, probe in (("process_group", probe_process_group), ("quorum", probe_quorum), ("shrink_group", probe_shrink)):
+    probes = (("process_group", probe_process_group), ("quorum", probe_quorum), ("shrink_group", probe_shrink))
+    for name, probe in probes:
         rows = probe()
         report[name] = [dict(who=w, what=what, result=res, value=v, seconds=round(s, 3)) for w, what, res, v, s in rows]
         for r in report[name]:

@@ -69,8 +69,8 @@ def parse_events(texts: list[str], total_steps: int) -> list[Event]:
         if not 1 <= e.step < total_steps:
             raise EventError(
                 f"elastic.events entry {e.text!r} changes the world after step {e.step}, but the run has steps "
-                f"1..{total_steps} (trainer.total_steps={total_steps}): a change comes after a step and before the last "
-                f"one, so that steps run in the new world; valid S: 1..{total_steps - 1}.")
+                f"1..{total_steps} (trainer.total_steps={total_steps}): a change comes after a step and before the "
+                f"last one, so that steps run in the new world; valid S: 1..{total_steps - 1}.")
     return sorted(events, key=lambda e: e.step)
 
 

@@ -217,7 +217,8 @@ def world_after(placement: Placement, layout: ParallelLayout, rollout_tp: int, b
                 change: WorldChange) -> NewWorld:
     """The new world of `change` from the current `placement` (its training `layout`, dp unresolved, and rollout tp)."""
     if change.world_size != placement.world_size:
-        raise ValueError(f"the change is of a world of {change.world_size} ranks, the placement of {placement.world_size}")
+        raise ValueError(f"the change is of a world of {change.world_size} ranks, the placement of "
+                         f"{placement.world_size}")
     what = change.describe()
     sets = mapped_slots(placement, change, what)
     train_sizes = sorted({s.size for by_role in sets.values() for role, s in by_role.items() if s and role != ROLLOUT})

@@ -15,22 +15,22 @@ def read(bench: Path, name: str) -> dict:
 
 def membership_planning(bench: Path) -> str:
     report = read(bench, "bench_membership_plan.json")
-    lines = ["| change | source -> destination (actor) | moved GB (= minimum) | rounds | cold planning, best CPU s (runs) | "
-             "target |", "|---|---|---|---|---|---|"]
+    lines = ["| change | source -> destination (actor) | moved GB (= minimum) | rounds | "
+             "cold planning, best CPU s (runs) | target |", "|---|---|---|---|---|---|"]
     for name, c in report["cases"].items():
         runs = ", ".join(f"{t:.3f}" for t in c["cpu_s_runs"])
         check = "=" if c["moved_GB"] == c["min_GB"] else "**>**"
         lines.append(f"| {name} | {c['src']} -> {c['dst']} | {c['moved_GB']:.0f} {check} {c['min_GB']:.0f} | "
                      f"{c['rounds']} | **{c['best_cpu_s']:.3f}** ({runs}) | < {c['target_s']} s |")
     load = ", ".join(f"{x:.1f}" for x in report["load_average_start"])
-    return "\n".join(lines) + (f"\n\nData: `bench/bench_membership_plan.json` ({report['date']}, {report['machine']}, load "
-                               f"average {load} at the start).")
+    return "\n".join(lines) + (f"\n\nData: `bench/bench_membership_plan.json` ({report['date']}, "
+                               f"{report['machine']}, load average {load} at the start).")
 
 
 def elastic_dry_run(bench: Path, recipe: str) -> str:
     report = read(bench, f"dryrun_elastic_{recipe}.json")
-    lines = ["| row | change | roles | state GB | moved GB (= minimum) | rounds | peak extra GB per rank | **predicted s** |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| row | change | roles | state GB | moved GB (= minimum) | rounds | peak extra GB per rank | "
+             "**predicted s** |", "|---|---|---|---|---|---|---|---|"]
     for r in report["transitions"]:
         if not r["transition"].startswith("elastic/"):
             continue

@@ -93,7 +93,8 @@ def test_split_shrinks_the_set_the_rank_left_and_joiners_train():
     assert [m.dst for m in left.moves] == [ParallelSpec(dp=2, first_rank=2)] * 2  # the train set did not change ranks
     grown = world_after(placement, req.train, 1, batch, WorldChange(4, (), 2))
     assert grown.placement.slot(TRAIN_CRITIC, CRITIC).ranks == RankSet(2, 4)
-    assert [(m.src, m.dst) for m in grown.moves] == [(ParallelSpec(dp=2, first_rank=2), ParallelSpec(dp=4, first_rank=2))] * 2
+    two_to_four = (ParallelSpec(dp=2, first_rank=2), ParallelSpec(dp=4, first_rank=2))
+    assert [(m.src, m.dst) for m in grown.moves] == [two_to_four] * 2
     with pytest.raises(MembershipError, match=r"ranks 0-1 leave \(4 -> 2 ranks\) empties the rollout's set \[0..1\] in "
                                               r"generate \(placement=split\)"):
         world_after(placement, req.train, 1, batch, WorldChange(4, (0, 1)))
