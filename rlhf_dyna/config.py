@@ -19,6 +19,7 @@ from .parallel_layout import LayoutSwitch, ParallelLayout
 class ModelConfig:
     arch: str = "llama"  # a live entry of models/architectures.py: llama | qwen2 | qwen3 | qwen3_moe
     path: Optional[str] = None  # local HF checkpoint dir (config.json + *.safetensors); None = random init
+    # with a path, the architecture fields below are read from its config.json (models/checkpoint_fields.py)
     vocab_size: int = 32  # tiny recipes: replaced by the task tokenizer's size
     hidden_size: int = 64
     intermediate_size: int = 256
@@ -26,7 +27,7 @@ class ModelConfig:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     head_dim: Optional[int] = None  # None = hidden_size // num_attention_heads
-    max_position_embeddings: int = 64
+    max_position_embeddings: int = 64  # random init: the model's positions; a checkpoint's own with model.path
     tie_word_embeddings: bool = False
     rope_theta: float = 10000.0
     num_experts: int = 0  # MoE only
@@ -132,8 +133,12 @@ class RolloutConfig:
     top_k: int = -1
     max_new_tokens: int = 8
     kv_cache_bytes: int = 64 * 1024 * 1024  # KV cache per rank; 0 = vLLM sizes it from gpu_memory_utilization
+    max_model_len: int = 0  # vLLM's max_model_len (prompt + completion tokens); 0 = derived (rollout/context_length.py)
     sync: str = "vps"  # vps (only the bytes each rollout shard needs) | naive (full tensors, by name)
     expert_parallel: bool = False  # MoE: vLLM's enable_expert_parallel (whole experts per rank, not TP slices)
+    gpu_memory_utilization: float = 0.5  # CUDA: share of the GPU vLLM may hold (weights + KV), in (0, 1]; next to the actor in colocate
+    enforce_eager: Optional[bool] = None  # None = CUDA graphs and compile on CUDA, eager on the CPU (rollout/gpu_defaults.py)
+    sleep_level: int = 1  # colocate on CUDA: vLLM's sleep between generations (1 = weights to host, 2 = dropped, 0 = off)
 
 
 @dataclass
@@ -160,7 +165,7 @@ class TrackingConfig:
     wandb_mode: str = "offline"  # offline | online | disabled
     project: str = "rlhf_dyna"
     run_name: Optional[str] = None
-    console: bool = True
+    console: str = "progress"  # progress (live bar on a terminal) | plain (a line per step) | verbose (+ third-party output) | off
     transition_trace: bool = True  # write transition_trace.json: Chrome trace (Perfetto) of each transition's rounds
     trace_syncs: int = 10  # bounds its size: only the first N train_to_rollout syncs (every train_relayout is kept)
     sample_log: int = 0  # first N samples of every step to samples.jsonl (prompt/response ids and text, reward)
@@ -193,6 +198,7 @@ class TrainerConfig:
     total_steps: int = 20
     seed: int = 0
     precision: str = "fp32"  # fp32 | bf16
+    tf32: bool = True  # CUDA: fp32 matmuls in TF32 (torch.set_float32_matmul_precision("high")); no effect on the CPU
     sft_warmup_steps: int = 0  # supervised warm-up on task demonstrations before RL
     sft_lr: float = 3e-3
     sft_batch_size: int = 64

@@ -12,6 +12,7 @@ from . import launch
 from .checks import ConfigError, check_config
 from .checks.resources import wants_cuda
 from .config import RESOLVED_CONFIG, to_config
+from .models.checkpoint_fields import resolve_model
 from .orchestrator.checkpoint_dirs import CheckpointError, resolve_trainer_resume
 
 # vLLM logs every engine detail at INFO; wandb advertises its products: keep the per-step lines readable.
@@ -27,6 +28,7 @@ def run_job(dcfg: DictConfig) -> int:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     torchrun = launch.under_torchrun()
     try:
+        resolve_model(cfg)  # the checkpoint's architecture and the context length, as the checks and ranks use them
         check_config(cfg, under_torchrun=torchrun)
         if cfg.dry_run:
             from .orchestrator.dry_run import run_dry_run  # the planner's model catalogs import torch: not a refusal's
@@ -47,4 +49,4 @@ def run_job(dcfg: DictConfig) -> int:
         return 0
     print(f"rlhf_dyna: recipe {cfg.recipe}, {cfg.parallel.world_size} local ranks, output in {out_dir}", flush=True)
     return launch.spawn_ranks(cfg.parallel.world_size, "rlhf_dyna.worker", [str(out_dir)], run_dir=out_dir, env=QUIET_ENV,
-                              preload=RANK_PRELOAD)
+                              preload=RANK_PRELOAD, console=cfg.tracking.console)

@@ -7,8 +7,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from .config import RESOLVED_CONFIG, Config, load_config
-from .launch import init_distributed, shutdown_distributed
-from .orchestrator.loop import run_training
+from .launch import init_distributed, record_failure, route_rank_output, shutdown_distributed
 
 
 def shared_output_dir(out_dir: Path) -> Path:
@@ -19,10 +18,16 @@ def shared_output_dir(out_dir: Path) -> Path:
 
 
 def run_rank(cfg: Config, out_dir: Path) -> None:
-    dist_info = init_distributed()
+    dist_info = init_distributed(device=cfg.parallel.device, tf32=cfg.trainer.tf32)
     out_dir = shared_output_dir(out_dir)
+    route_rank_output(out_dir, dist_info.rank, cfg.tracking.console)  # torchrun: output to logs/, as spawn_ranks does
+    from .orchestrator.loop import run_training  # after the routing: vLLM's import notices go to the rank's log
+
     try:
         run_training(cfg, out_dir, dist_info)
+    except Exception as err:
+        record_failure(err, dist_info.rank)  # before the peers fail of it, so the launcher shows this one
+        raise
     finally:
         shutdown_distributed()
 

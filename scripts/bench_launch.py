@@ -27,6 +27,7 @@ from rlhf_dyna.config import register_configs
 from rlhf_dyna.job import QUIET_ENV, RANK_PRELOAD, RESOLVED_CONFIG, to_config
 from rlhf_dyna.launch import spawn_ranks
 from rlhf_dyna.checks import check_config
+from rlhf_dyna.models.checkpoint_fields import resolve_model
 
 QUIET = ["tracking.wandb_mode=disabled", "trainer.save_last=false", "trainer.export_policy=false"]
 
@@ -38,6 +39,7 @@ def resolved_config(overrides: list[str], out_dir: Path) -> int:
         cfg = to_config(compose("config", overrides=[*overrides, *QUIET]))
     recipes = [o.split("=", 1)[1] for o in overrides if o.startswith("recipe=")]
     cfg.recipe = recipes[-1] if recipes else cfg.recipe
+    resolve_model(cfg)
     check_config(cfg)
     out_dir.mkdir(parents=True)
     OmegaConf.save(OmegaConf.structured(cfg), out_dir / RESOLVED_CONFIG)

@@ -46,7 +46,7 @@ def measure(algo: str, world: int, steps: int, prompts: int) -> dict[str, float]
         args = [sys.executable, "-m", "rlhf_dyna", f"recipe={RECIPES[algo]}", f"parallel.world_size={world}",
                 *(f"model.{k}={v}" for k, v in MODEL.items()), f"trainer.total_steps={steps}",
                 "trainer.sft_warmup_steps=0", "task.eval_every=100000", "task.eval_size=16",
-                f"task.prompts_per_step={prompts}", "tracking.wandb_mode=disabled", "tracking.console=false",
+                f"task.prompts_per_step={prompts}", "tracking.wandb_mode=disabled", "tracking.console=off",
                 "tracking.transition_trace=false", f"hydra.run.dir={tmp}"]
         t0 = time.perf_counter()
         proc = subprocess.run(args, capture_output=True, text=True, timeout=1500, cwd=ROOT)

@@ -33,7 +33,7 @@ def main() -> None:
         cmd = [sys.executable, "-m", "rlhf_dyna", "task=file", f"model.path={ckpt}", "task.reward=math",
                f"trainer.total_steps={args.steps}", "trainer.sft_warmup_steps=0", "task.prompts_per_step=8",
                "rollout.n=4", "rollout.max_new_tokens=16", "task.eval_size=16", f"task.eval_every={args.steps}",
-               "model.max_position_embeddings=256", "task.max_prompt_tokens=200", "tracking.wandb_mode=disabled", f"hydra.run.dir={run_dir}"]
+               "task.max_prompt_tokens=200", "tracking.wandb_mode=disabled", f"hydra.run.dir={run_dir}"]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - t0

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from ..config import Config
 from .algorithm import check_algorithm
-from .data import check_data, check_lengths
+from .context import check_lengths
+from .data import check_data
 from .elastic import check_elastic
 from .errors import ConfigError
+from .gpu import check_gpu
 from .layouts import check_layouts, check_runs_live
+from .model_files import check_weight_files
 from .placement import check_placement_config
 from .resources import check_resources
 from .values import check_choices, check_values
@@ -24,7 +27,9 @@ def check_config(cfg: Config, under_torchrun: bool = False) -> None:
     check_elastic(cfg)
     if cfg.dry_run:
         return
+    check_gpu(cfg, under_torchrun)
     check_resources(cfg, under_torchrun)
+    check_weight_files(cfg.model.path)
     check_runs_live(cfg)
     try:
         check_data(cfg)

@@ -1,4 +1,5 @@
-"""Checks of `model.path` + `task=file`: files, columns, reward imports, tokenizer vs embedding, chat template.
+"""Checks of `model.path` + `task=file`: files (readable, not empty), columns, rewards (imported and tried once),
+tokenizer vs embedding, chat template.
 
 Each failure is one paragraph saying what is wrong and what would be right (raised as the caller's error type).
 """
@@ -8,19 +9,57 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..config import Config
 from ..tasks.file_task import FORMATS, data_format
-from ..tasks.rewards import RewardError, build_rewards
-from .errors import ConfigError
+from ..tasks.rewards import BUILT_IN, RewardError, RewardSet, build_rewards, call_reward
 
 
-def _first_row_and_columns(files: list[str]) -> tuple[dict[str, Any], list[str]]:
-    from datasets import load_dataset
+def _bad_json_line(file: Path) -> str | None:
+    """Where a JSON / JSON-lines file stops parsing, as a sentence; None when every line parses (or the whole file)."""
+    text = file.read_text(encoding="utf-8", errors="replace")
+    try:
+        json.loads(text)
+        return None
+    except ValueError:
+        pass  # not one JSON document: read it as JSON lines, as `datasets` does
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            return f"line {number} is not valid JSON ({getattr(err, 'msg', err)} at column {getattr(err, 'colno', '?')}): {line[:120]!r}"
+        if not isinstance(row, dict):
+            return f"line {number} is a JSON {type(row).__name__}, not an object: {line[:120]!r}"
+    return None
 
-    ds = load_dataset(data_format(files), data_files=files, split="train")
+
+def _unreadable(key: str, files: list[str], err: Exception) -> str:
+    """One paragraph naming the file (and line) `datasets` could not read, from the files themselves."""
+    for name in files:
+        file = Path(name)
+        if file.stat().st_size == 0 or not file.read_bytes().strip():
+            return f"{key}: {name} is empty (no rows); fill it with one JSON object per line, or leave it out of {key}."
+        if FORMATS.get(file.suffix.lower()) == "json":
+            where = _bad_json_line(file)
+            if where is not None:
+                return (f"{key}: {name} {where}. Each line of a JSON-lines file must be one JSON object with the prompt "
+                        f"and answer columns, e.g. {{\"prompt\": \"What is 2 + 3?\", \"answer\": \"5\"}}.")
+    return (f"{key}: {', '.join(files)} could not be read as {data_format(files)} data ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}); check that each file is valid {data_format(files)}.")
+
+
+def load_checked(key: str, files: list[str]):
+    """The files as one `datasets` table, or a ValueError naming the file, line or emptiness at fault."""
+    import datasets  # deferred: heavy, and only task=file needs it
+
+    datasets.disable_progress_bars()  # a check of a few files needs no progress bar on the console
+    try:
+        ds = datasets.load_dataset(data_format(files), data_files=files, split="train")
+    except Exception as err:  # noqa: BLE001 -- pyarrow and datasets raise many kinds; the files say which line
+        raise ValueError(_unreadable(key, files, err)) from err
     if len(ds) == 0:
-        raise ValueError(f"data files {files} hold no rows; give files with at least one prompt.")
-    return ds[0], list(ds.column_names)
+        raise ValueError(f"{key}: {', '.join(files)} hold no rows; give files with at least one prompt.")
+    return ds
 
 
 def check_files(key: str, files: list[str], required: bool) -> None:
@@ -40,12 +79,29 @@ def check_files(key: str, files: list[str], required: bool) -> None:
 
 
 def check_columns(key: str, files: list[str], task) -> dict[str, Any]:
-    row, columns = _first_row_and_columns(files)
+    ds = load_checked(key, files)
+    row, columns = ds[0], list(ds.column_names)
     for what, column in (("task.prompt_key", task.prompt_key), ("task.answer_key", task.answer_key)):
         if column not in columns:
             raise ValueError(f"{what}={column!r} is not a column of {key} {files}; the columns there are: "
                              f"{', '.join(columns)}. Set {what} to one of them.")
     return row
+
+
+def probe_rewards(rewards: RewardSet, row: dict[str, Any], prompt_key: str, answer_key: str) -> None:
+    """Each custom reward called once, here, on two completions of the first training row (its answer and the empty
+    completion a model may well produce): one that raises, miscounts or returns non-numbers is refused before spawn,
+    not at step 1 in every rank. The built-in rewards are tested with the project."""
+    prompts, completions = [row[prompt_key]] * 2, [str(row[answer_key]), ""]
+    columns = {key: [value, value] for key, value in row.items() if key != prompt_key}
+    for name, fn in zip(rewards.names, rewards.fns):
+        if name in BUILT_IN:
+            continue
+        try:
+            call_reward(name, fn, prompts, completions, columns)
+        except RewardError as err:
+            raise RewardError(f"task.reward, tried before the run on the first row of task.train_files with the "
+                              f"completions {completions!r:.120}: {err}") from err
 
 
 def check_tokenizer(model_path: str, prompt: Any) -> None:
@@ -78,10 +134,8 @@ def check_file_task(cfg) -> None:
     row = check_columns("task.train_files", list(t.train_files), t)
     if t.eval_files:
         check_columns("task.eval_files", list(t.eval_files), t)
-    try:
-        build_rewards(t.reward, list(t.reward_weights or []), t.answer_key)  # imports custom rewards here, before spawn
-    except RewardError as err:
-        raise ValueError(str(err)) from err
+    rewards = build_rewards(t.reward, list(t.reward_weights or []), t.answer_key)  # imports custom rewards, before spawn
+    probe_rewards(rewards, row, t.prompt_key, t.answer_key)
     check_tokenizer(cfg.model.path, row[t.prompt_key])
 
 
@@ -91,15 +145,3 @@ def check_data(cfg) -> None:
         check_file_task(cfg)
     elif cfg.model.path is not None and (Path(cfg.model.path) / "config.json").is_file():
         check_tokenizer(cfg.model.path, "")
-
-
-def check_lengths(cfg: Config) -> None:
-    """Prompt + completion must fit vLLM's max_model_len (model.max_position_embeddings)."""
-    r = cfg.rollout
-    t, limit = cfg.task, cfg.model.max_position_embeddings
-    if t.name == "file" and t.max_prompt_tokens > 0 and t.max_prompt_tokens + r.max_new_tokens > limit:
-        raise ConfigError(
-            f"task.max_prompt_tokens + rollout.max_new_tokens = {t.max_prompt_tokens} + {r.max_new_tokens} exceeds "
-            f"model.max_position_embeddings={limit} (vLLM's max_model_len); raise model.max_position_embeddings to at "
-            f"least {t.max_prompt_tokens + r.max_new_tokens} (within the checkpoint's) or lower the other two."
-        )

@@ -5,16 +5,12 @@ import os
 from pathlib import Path
 
 from ..config import Config
+from ..launch.host import visible_gpu_count
 from .errors import ConfigError
 
 
 def cuda_device_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # torch missing or broken CUDA runtime: no devices
-        return 0
+    return visible_gpu_count()  # through NVML: torch.cuda.is_available() here would break the ranks forked later
 
 
 def wants_cuda(cfg: Config) -> bool:

@@ -5,6 +5,7 @@ from ..algos.choices import KL_CONTROLLERS, KL_ESTIMATOR_NAMES, LOSS_AGGS
 from ..algos.losses import POLICY_LOSSES
 from ..config import Config
 from ..models.architectures import live_architectures
+from ..tracking.console import CONSOLE_MODES
 from .errors import ConfigError
 
 CHOICES = {
@@ -18,6 +19,7 @@ CHOICES = {
     "rollout.sync": ("naive", "vps"),
     "task.name": ("arithmetic", "sort_digits", "file"),
     "tracking.wandb_mode": ("offline", "online", "disabled"),
+    "tracking.console": CONSOLE_MODES,
     "trainer.precision": ("fp32", "bf16"),
     "parallel.device": ("auto", "cpu", "cuda"),
     "model.arch": tuple(live_architectures()),

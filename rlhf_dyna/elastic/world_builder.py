@@ -10,6 +10,15 @@ only this thread may create groups while it runs; the main thread keeps running 
 that already exist. On gloo a new group rendezvouses through the store only (no collective on another
 group), which is why building it concurrently with the main thread's collectives is safe
 (tests/elastic/test_world_builder.py checks it on 4 ranks).
+
+On NCCL the builder works on the caller's thread, before `start` returns (`builds_in_background`). A CUDA rank binds
+its device to the default group (launch/rank.py passes `device_id`), and torch then creates every new group's
+communicator at once by `ncclCommSplit` of the default group's (distributed_c10d._new_process_group_helper:
+`eager_connect_single_device`, and `perform_nocolor_split` on the ranks outside the group): a collective on the
+default communicator, which a second thread would issue while the main thread's own collectives run on it, in an
+order that may differ from rank to rank (a hang). Without `device_id` the communicators would be created lazily at
+each group's first collective, on the main thread anyway, so a background build would hide nothing. Each group built
+on NCCL gets its first call at once (transition/transport.ensure_warm), with every member present.
 """
 from __future__ import annotations
 
@@ -22,6 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ..parallel_layout import ParallelLayout
 from ..train.mesh import build_mesh
+from ..transition.transport import GLOO, NCCL, ensure_warm, world_transport
 from ..vps.spec import ParallelSpec, Phase
 from .placement import Placement, RankSet
 
@@ -65,11 +75,28 @@ def placement_specs(placement: Placement) -> tuple[list[ParallelSpec], list[Rank
     return list(specs.values()), list(sets)
 
 
-class WorldBuilder:
-    """Builds the meshes and groups of `placements`, in order, on one background thread; `get` waits if needed."""
+def builds_in_background(transport: str) -> bool:
+    """Whether groups may be created on a second thread while the main thread runs collectives: only on gloo."""
+    return transport == GLOO
 
-    def __init__(self, placements: list[Placement], known: dict[tuple, DeviceMesh] | None = None):
-        """`known`: meshes that exist already, by mesh_key (the engines' home mesh), so they are not built twice."""
+
+def warm_mesh(mesh: DeviceMesh, transport: str) -> None:
+    """NCCL: the first call of each of the mesh's dimension groups, on its members (see transport.ensure_warm)."""
+    if transport != NCCL or mesh.get_coordinate() is None:  # gloo, or this rank is outside the mesh
+        return
+    for dim in range(mesh.ndim):
+        ensure_warm(mesh.get_group(dim), transport)
+
+
+class WorldBuilder:
+    """Builds the meshes and groups of `placements`, in order, on one background thread (gloo) or before `start`
+    returns (NCCL, see the module doc); `get` waits if needed."""
+
+    def __init__(self, placements: list[Placement], known: dict[tuple, DeviceMesh] | None = None,
+                 background: bool | None = None):
+        """`known`: meshes that exist already, by mesh_key (the engines' home mesh), so they are not built twice.
+        `background`: None = on gloo only (`builds_in_background` of the world's transport)."""
+        self.background = builds_in_background(world_transport()) if background is None else background
         self._placements = placements
         self._worlds: dict[str, BuiltWorld] = {}
         self._ready = {p.key(): threading.Event() for p in placements}
@@ -79,7 +106,10 @@ class WorldBuilder:
         self._group_cache: dict[RankSet, object] = {}
 
     def start(self) -> WorldBuilder:
-        self._thread.start()
+        if self.background:
+            self._thread.start()
+        else:
+            self._run()
         return self
 
     def _run(self) -> None:
@@ -93,10 +123,14 @@ class WorldBuilder:
                     if key not in self._mesh_cache:  # shared between placements: built once
                         layout = ParallelLayout(spec.dp, spec.tp, tp_outer=spec.tp_outer, first_rank=spec.first_rank)
                         self._mesh_cache[key] = build_mesh(layout)
+                        if not self.background:
+                            warm_mesh(self._mesh_cache[key], world_transport())
                     world.meshes[key] = self._mesh_cache[key]
                 for ranks in sets:
                     if ranks not in self._group_cache:
                         self._group_cache[ranks] = dist.new_group(list(ranks.ranks))
+                        if not self.background and dist.get_rank() in ranks.ranks:
+                            ensure_warm(self._group_cache[ranks], world_transport())
                     world.groups[ranks] = self._group_cache[ranks]
                 world.build_seconds = time.perf_counter() - t0
                 self._worlds[world.key] = world
@@ -122,4 +156,5 @@ class WorldBuilder:
         return world
 
     def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
+        if self.background:
+            self._thread.join(timeout)

@@ -3,7 +3,9 @@
 Every spawned rank used to import torch, transformers and vLLM itself; on a few shared cores, four ranks importing at
 once take twice as long as one import. A launcher that imports them once and forks the ranks shares that work, as
 torch's DataLoader workers and vLLM's own workers do. Forking is safe here because the launcher has started no thread
-and initialised no device when it forks (CUDA is never touched by an import)."""
+when it forks, and `spawn_ranks` forks only where no GPU is visible and the launcher never initialised CUDA
+(`devices.forks_ranks`): on a GPU node every rank is a fresh interpreter, since a child forked after any CUDA query
+cannot use CUDA."""
 from __future__ import annotations
 
 import atexit

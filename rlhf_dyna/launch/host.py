@@ -1,6 +1,6 @@
 """The machine a run starts on: whether this process is already a launched rank, what the machine can hold (cores,
 memory, GPUs), a run's name and a free port. Imports torch only to count GPUs: the launcher checks a run before it
-pays for torch."""
+pays for torch. GPUs are counted without initialising CUDA (launch/devices.py says why that matters)."""
 from __future__ import annotations
 
 import os
@@ -23,10 +23,20 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
-def local_device_kind() -> str:
-    import torch
+def visible_gpu_count() -> int:
+    """GPUs this process may use (CUDA_VISIBLE_DEVICES applied). Before CUDA is initialised torch counts them through
+    NVML, which leaves forked children free to use CUDA; `torch.cuda.is_available()` would ask the driver and poison
+    every later fork. 0 on a CPU build of torch or when the driver cannot be reached."""
+    try:
+        import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 -- a broken driver or NVML counts as no GPU, as torch's own check does
+        return 0
+
+
+def local_device_kind() -> str:
+    return "cuda" if visible_gpu_count() > 0 else "cpu"
 
 
 def usable_cores() -> int:
@@ -66,9 +76,7 @@ def check_capacity(world_size: int, device: str, mem_per_rank_bytes: int = 0) ->
                     f"at most {fits} rank(s) fit. Use a smaller world_size or a smaller model."
                 )
     elif device == "cuda":
-        import torch
-
-        gpus = torch.cuda.device_count()
+        gpus = visible_gpu_count()
         if world_size > gpus:
             raise LaunchError(
                 f"world_size={world_size} ranks on this node need one GPU each but {gpus} GPU(s) are visible "

@@ -12,6 +12,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
+from .devices import RankDevice, rank_device, world_backend
 from .host import LaunchError, new_run_ident
 from .shm import clean_shm_segments, pin_vllm_shm_ident
 
@@ -51,8 +52,23 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     sys.exit(128 + signum)  # SystemExit runs atexit, which removes this run's shm segments
 
 
-def init_distributed(timeout: timedelta | None = None) -> DistInfo:
-    """Join the default process group from the env that spawn_ranks or torchrun set."""
+def use_device(chosen: RankDevice, tf32: bool) -> torch.device:
+    """Make `chosen` this thread's current device (CUDA), with fp32 matmuls in TF32 when `tf32`; a CPU rank touches
+    nothing of CUDA."""
+    if chosen.type != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", chosen.index)
+    torch.cuda.set_device(device)
+    # the legacy switch, not torch.backends.cuda.matmul.fp32_precision: inductor (vLLM's compile) reads the legacy
+    # getter, which raises once the two APIs are mixed
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    return device
+
+
+def init_distributed(timeout: timedelta | None = None, device: str = "auto", tf32: bool = True) -> DistInfo:
+    """Join the default process group from the env that spawn_ranks or torchrun set, on the device `device`
+    (parallel.device: auto | cpu | cuda, see devices.rank_device). On CUDA the NCCL communicator is created now, on
+    this thread (`device_id`), and so is every later group's (elastic/world_builder.py relies on it)."""
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
         raise LaunchError(
@@ -63,19 +79,18 @@ def init_distributed(timeout: timedelta | None = None) -> DistInfo:
     local_rank = _env_int("LOCAL_RANK", 0)
     local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
     node_rank = _env_int("GROUP_RANK", rank // local_world_size)
-    if torch.cuda.is_available():  # CUDA tensors over NCCL; metrics and control tensors on the CPU over gloo
-        backend, device = "cpu:gloo,cuda:nccl", torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        backend, device = "gloo", torch.device("cpu")
+    gpus = torch.cuda.device_count() if device != "cpu" else 0
+    chosen = rank_device(device, local_rank, local_world_size, gpus)
+    backend, torch_device = world_backend(chosen.type), use_device(chosen, tf32)
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
-    run_ident = _agree_on_run_ident(device)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout,
+                                device_id=torch_device if chosen.type == "cuda" else None)
+    run_ident = _agree_on_run_ident(torch_device)
     pin_vllm_shm_ident(run_ident)
     atexit.register(clean_shm_segments, run_ident)
     if "TORCHELASTIC_RUN_ID" in os.environ and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    return DistInfo(rank, world_size, local_rank, local_world_size, node_rank, backend, device, run_ident)
+    return DistInfo(rank, world_size, local_rank, local_world_size, node_rank, backend, torch_device, run_ident)
 
 
 def shutdown_distributed() -> None:

@@ -1,7 +1,8 @@
 """The launcher outside torchrun: start `world_size` local ranks and supervise them.
 
 One failing rank or a signal to the launcher stops every rank (whole process groups), shows the failing rank's
-error and removes the run's `/dev/shm` segments."""
+error (the first one recorded, launch/failure.py) and removes the run's `/dev/shm` segments. What reaches the console
+is decided in launch/output.py and tracking/console_view.py."""
 from __future__ import annotations
 
 import os
@@ -14,10 +15,14 @@ import time
 from collections import deque
 from pathlib import Path
 from collections.abc import Sequence
-from typing import IO
 
+from rlhf_dyna.tracking.console_view import ConsoleView
+
+from .devices import cuda_initialised, forks_ranks
+from .failure import ERROR_FILE_ENV, RankFailure, error_file, first_failure, read_failure
 from .fork import ForkedRank, fork_rank, preload as preload_modules
-from .host import check_capacity, free_port, local_device_kind, new_run_ident, usable_cores
+from .host import check_capacity, free_port, new_run_ident, usable_cores, visible_gpu_count
+from .output import LAUNCHER_LOG, ROUTED_ENV, log_dir, output_to, pump, rank_log
 from .shm import SHM_DIR, clean_shm_segments
 
 TERMINATE_GRACE_S = 5.0
@@ -101,19 +106,9 @@ def _rank_env(rank: int, world_size: int, port: int, run_ident: str, extra: dict
     return env
 
 
-def _pump(stream: IO[bytes], log_path: Path, echo: bool) -> None:
-    with open(log_path, "wb") as log:
-        for line in iter(stream.readline, b""):
-            log.write(line)
-            log.flush()
-            if echo:
-                sys.stdout.buffer.write(line)
-                sys.stdout.flush()
-
-
-def _report_exit(rank: int, proc: Rank, exits: queue.Queue[int]) -> None:
+def _report_exit(rank: int, proc: Rank, exits: queue.Queue[tuple[int, float]]) -> None:
     proc.wait()
-    exits.put(rank)
+    exits.put((rank, time.time()))
 
 
 def _tail(path: Path, lines: int) -> str:
@@ -125,6 +120,40 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def _output_env(run_dir: Path, rank: int) -> dict[str, str]:
+    """What a rank needs to route and record (launch/output.py, launch/failure.py)."""
+    return {ERROR_FILE_ENV: str(error_file(run_dir, rank)), ROUTED_ENV: "1"}
+
+
+def _preload(modules: Sequence[str], env: dict[str, str], run_dir: Path, console: str) -> None:
+    """The heavy imports, their notices (Triton, vLLM, FutureWarnings) to logs/launcher.log unless verbose."""
+    if console == "verbose":
+        preload_modules(modules, env)
+        return
+    with output_to(log_dir(run_dir) / LAUNCHER_LOG):
+        preload_modules(modules, env)
+
+
+def _cause(failed_rank: int, exit_time: float, world_size: int, run_dir: Path) -> RankFailure | None:
+    """The failure to show: the earliest a rank recorded, unless the first rank to fail left no record and exited
+    before that one was written (killed by a signal, or gone before its top level): then it is the cause."""
+    recorded = first_failure([error_file(run_dir, r) for r in range(world_size)])
+    if recorded is None or (read_failure(error_file(run_dir, failed_rank)) is None and exit_time < recorded.time):
+        return None
+    return recorded
+
+
+def _report_failure(failed_rank: int, code: int, exit_time: float, world_size: int, run_dir: Path) -> None:
+    cause = _cause(failed_rank, exit_time, world_size, run_dir)
+    if cause is None:
+        log = rank_log(run_dir, failed_rank)
+        print(f"rlhf_dyna: rank {failed_rank} of {world_size} failed with exit code {code}; stopped the other ranks. "
+              f"Last {ERROR_TAIL_LINES} lines of {log}:\n{_tail(log, ERROR_TAIL_LINES)}", file=sys.stderr)
+        return
+    print(f"rlhf_dyna: rank {cause.rank} of {world_size} failed; stopped the other ranks (its log: "
+          f"{rank_log(run_dir, cause.rank)}).\n{cause.report}", file=sys.stderr)
+
+
 def spawn_ranks(
     world_size: int,
     entry: str,
@@ -133,22 +162,35 @@ def spawn_ranks(
     env: dict[str, str] | None = None,
     grace_s: float = TERMINATE_GRACE_S,
     preload: Sequence[str] = (),
+    console: str = "progress",
 ) -> int:
     """Run `python -m entry *args` (or `python entry *args` for a .py path) as `world_size` local
     ranks and supervise them; returns the exit code for the launcher (0, the failing rank's
-    code, or 130/143 after SIGINT/SIGTERM). Each rank's output goes to run_dir/rank{r}.log;
-    rank 0's is also echoed to stdout. With `preload` (module names; `entry` must be a module), this process
-    imports those modules once and forks the ranks from itself (launch/fork.py) instead of starting interpreters."""
-    check_capacity(world_size, local_device_kind())
+    code, or 130/143 after SIGINT/SIGTERM). Each rank's output goes to run_dir/logs/rank{r}.log; the console shows
+    what `console` (a tracking.console mode) picks of rank 0's (tracking/console_view.py). With `preload` (module
+    names; `entry` must be a module), this process imports those modules once and forks the ranks from itself
+    (launch/fork.py) instead of starting interpreters, unless a GPU is visible or this process has initialised CUDA
+    (launch/devices.py): then every rank is a fresh interpreter whatever `preload` says."""
+    gpus = visible_gpu_count()
+    check_capacity(world_size, "cuda" if gpus else "cpu")
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    log_dir(run_dir).mkdir(parents=True, exist_ok=True)
     run_ident = new_run_ident()
     port = free_port()
     command = [sys.executable, entry] if entry.endswith(".py") else [sys.executable, "-m", entry]
-    if preload:
-        if entry.endswith(".py"):
-            raise ValueError(f"spawn_ranks: preload forks the ranks and runs a module; got the script {entry}")
-        preload_modules(preload, _rank_env(0, world_size, port, run_ident, env))
+    if preload and entry.endswith(".py"):
+        raise ValueError(f"spawn_ranks: preload forks the ranks and runs a module; got the script {entry}")
+    fork = bool(preload) and forks_ranks(gpus, cuda_initialised())
+    for rank in range(world_size):  # a run dir reused (resume) must not show an earlier run's failure
+        error_file(run_dir, rank).unlink(missing_ok=True)
+    view = ConsoleView(console)
+    try:
+        view.status(f"starting {world_size} ranks...")
+        if fork:
+            _preload(preload, _rank_env(0, world_size, port, run_ident, env), run_dir, console)
+    except BaseException:
+        view.close()
+        raise
 
     stop_signal: list[int] = []
     previous_handlers = {}
@@ -158,11 +200,12 @@ def spawn_ranks(
 
     procs: list[Rank] = []
     pumps: list[threading.Thread] = []
-    exits: queue.Queue[int] = queue.Queue()  # ranks in the order they exited: the first failure is the cause
+    exits: queue.Queue[tuple[int, float]] = queue.Queue()  # (rank, when) in the order they exited
+    failed_rank: int | None = None
     try:
         for rank in range(world_size):  # every rank starts before any thread of ours does: forking stays safe
-            rank_env = _rank_env(rank, world_size, port, run_ident, env)
-            if preload:
+            rank_env = {**_rank_env(rank, world_size, port, run_ident, env), **_output_env(run_dir, rank)}
+            if fork:
                 procs.append(fork_rank(entry, args, rank_env, close_fds=[p.stdout.fileno() for p in procs]))
             else:
                 procs.append(subprocess.Popen(
@@ -171,26 +214,27 @@ def spawn_ranks(
                     start_new_session=True,  # own process group: killpg reaches vLLM's and torch's children
                 ))
         for rank, proc in enumerate(procs):
-            pump = threading.Thread(target=_pump, args=(proc.stdout, run_dir / f"rank{rank}.log", rank == 0), daemon=True)
-            pump.start()
-            pumps.append(pump)
+            on_line = view.rank_line if rank == 0 else None
+            pump_thread = threading.Thread(target=pump, args=(proc.stdout, rank_log(run_dir, rank), on_line), daemon=True)
+            pump_thread.start()
+            pumps.append(pump_thread)
             threading.Thread(target=_report_exit, args=(rank, proc, exits), daemon=True).start()
+        view.start()  # the live display's thread starts after the forks, as ours do
 
-        failed_rank: int | None = None
-        finished = 0
+        finished, exit_time = 0, 0.0
         while not stop_signal and failed_rank is None and finished < world_size:
             try:
-                rank = exits.get(timeout=_POLL_S)
+                rank, when = exits.get(timeout=_POLL_S)
             except queue.Empty:
                 continue
             finished += 1
             if procs[rank].returncode != 0:
-                failed_rank = rank
+                failed_rank, exit_time = rank, when
 
         stale = _mapped_shm(group_members({p.pid for p in procs}))
         _stop_groups(procs, grace_s)
-        for pump in pumps:
-            pump.join(timeout=grace_s)
+        for pump_thread in pumps:
+            pump_thread.join(timeout=grace_s)
         clean_shm_segments(run_ident, sorted(stale))
     finally:
         for sig, handler in previous_handlers.items():
@@ -198,17 +242,15 @@ def spawn_ranks(
         if any(p.poll() is None for p in procs):  # an exception of our own above: leave nothing behind
             _stop_groups(procs, grace_s)
             clean_shm_segments(run_ident)
+        if not stop_signal and failed_rank is None and procs and all(p.returncode == 0 for p in procs):
+            view.status(f"finished in {view.elapsed}; output in {run_dir}, rank logs in {log_dir(run_dir)}")
+        view.close()
 
     if stop_signal:
-        print(f"rlhf_dyna.launch: stopped all {world_size} ranks on signal {stop_signal[0]}.", file=sys.stderr)
+        print(f"rlhf_dyna: stopped all {world_size} ranks on signal {stop_signal[0]}.", file=sys.stderr)
         return 128 + stop_signal[0]
     if failed_rank is not None:
         code = _exit_code(procs[failed_rank].returncode)
-        log = run_dir / f"rank{failed_rank}.log"
-        print(
-            f"rlhf_dyna.launch: rank {failed_rank} of {world_size} failed with exit code {code}; stopped the "
-            f"other ranks. Last {ERROR_TAIL_LINES} lines of {log}:\n{_tail(log, ERROR_TAIL_LINES)}",
-            file=sys.stderr,
-        )
+        _report_failure(failed_rank, code, exit_time, world_size, run_dir)
         return code
     return 0

@@ -2,11 +2,14 @@
 
 A parameter's local slice follows from its DTensor placements and mesh
 (`torch.distributed.tensor._utils.compute_local_shape_and_global_offset`); `safe_open(...).get_slice` reads
-exactly that box from disk, so no rank ever materialises a full tensor that it holds only a shard of.
+exactly that box from disk, so no rank ever materialises a full tensor that it holds only a shard of. Onto a GPU
+each box is read into pinned host memory and copied with `non_blocking`, so the copy of one box overlaps the read of
+the next (`HostToDevice`, a bounded number of bytes in flight); onto the CPU nothing changes.
 """
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,14 +70,48 @@ class SafetensorsCheckpoint:
         with self._open(name) as f:
             return tuple(f.get_slice(name).get_shape())
 
-    def read_box(self, name: str, shape: tuple[int, ...], offset: tuple[int, ...]) -> Tensor:
-        """The box [offset, offset + shape) of tensor `name`, read from disk alone (nothing outside it)."""
+    def read_box(self, name: str, shape: tuple[int, ...], offset: tuple[int, ...], pinned: bool = False) -> Tensor:
+        """The box [offset, offset + shape) of tensor `name`, read from disk alone (nothing outside it); `pinned`: into
+        page-locked memory (the source of a non-blocking copy to a GPU)."""
         index = tuple(slice(o, o + s) for o, s in zip(offset, shape))
         with self._open(name) as f:
             part = f.get_slice(name)
-            box = (part[index] if index else part[:]).clone()  # own memory, not a view of the mapping
+            view = part[index] if index else part[:]
+            box = torch.empty_like(view, pin_memory=True).copy_(view) if pinned else view.clone()  # not the mapping
         self.bytes_read += box.numel() * box.element_size()
         return box
+
+
+class HostToDevice:
+    """Copies of host boxes into a rank's tensors. Into CUDA tensors the copy is non-blocking from pinned memory, and
+    each pinned box is kept until its copy has completed, at most `inflight_bytes` of them at once; otherwise a plain
+    copy. `finish` waits for every copy still running."""
+
+    def __init__(self, inflight_bytes: int = 256 << 20) -> None:
+        self.inflight_bytes = inflight_bytes
+        self.pending: deque[tuple[Tensor, torch.cuda.Event]] = deque()
+        self.held = 0
+
+    def copy_(self, dst: Tensor, box: Tensor) -> None:
+        if not (dst.is_cuda and box.is_pinned()):
+            dst.copy_(box)
+            return
+        dst.copy_(box, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self.pending.append((box, done))
+        self.held += box.numel() * box.element_size()
+        while self.held > self.inflight_bytes:
+            self._retire()
+
+    def _retire(self) -> None:
+        box, done = self.pending.popleft()
+        done.synchronize()
+        self.held -= box.numel() * box.element_size()
+
+    def finish(self) -> None:
+        while self.pending:
+            self._retire()
 
 
 @torch.no_grad()
@@ -89,6 +126,7 @@ def load_shards_(model: nn.Module, ckpt: SafetensorsCheckpoint, extra: Mapping[s
     for name, param in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(param), []).append(name)
     missing = []
+    copies = HostToDevice()
     for name, param in model.named_parameters():
         local = param.to_local() if isinstance(param, DTensor) else param
         shape, offset = local_box(param)
@@ -97,13 +135,14 @@ def load_shards_(model: nn.Module, ckpt: SafetensorsCheckpoint, extra: Mapping[s
             if ckpt.shape(stored) != tuple(param.shape):
                 raise ValueError(f"{ckpt.path}: {stored} has shape {ckpt.shape(stored)} but the model built from its "
                                  f"config.json has {tuple(param.shape)}; config and weights disagree")
-            local.copy_(ckpt.read_box(stored, shape, offset))
+            copies.copy_(local, ckpt.read_box(stored, shape, offset, pinned=local.is_cuda))
         elif moe_weights.is_fused_expert(name) and moe_weights.stored_in(ckpt, name_in_checkpoint(name)):
             local.copy_(moe_weights.read_fused_box(ckpt, name_in_checkpoint(name), shape, offset))
         elif name in extra:
             local.copy_(extra[name][tuple(slice(o, o + s) for o, s in zip(offset, shape))])
         else:
             missing.append(name)
+    copies.finish()
     if missing:
         raise ValueError(f"{ckpt.path} lacks weights {missing[:5]} (of {len(missing)} missing); the checkpoint must "
                          f"hold every parameter of the model its config.json describes")

@@ -12,6 +12,7 @@ from ..models.meta_init import checkpoint_config, checkpoint_loader, meta_critic
 from ..tasks.base import BaseTask, make_task
 from ..tasks.file_task import make_file_task
 from ..tasks.tokenizer import CharTokenizer
+from ..tracking.console import announce
 from ..train.copy_shards import copy_local_shards_
 from ..train.engine import TrainEngine, full_state_dict
 from ..train.pipeline_engine import make_engine
@@ -71,6 +72,7 @@ def engine_settings(cfg: Config, trainable: bool, lr: float | None = None) -> di
 def build_actor(cfg: Config, source: ModelSpec | str, mesh) -> TrainEngine:
     """Random init: the full seeded model, then sharded (tiny recipes, bit-identical across layouts). A checkpoint:
     built on meta, sharded, and each rank reads only its shards (models.meta_init)."""
+    announce(f"building the actor from {source}..." if isinstance(source, str) else "building the actor...")
     if isinstance(source, str):
         policy, materialize = meta_policy(checkpoint_config(source), DTYPES["fp32"]), checkpoint_loader(source, _device(mesh))
     else:

@@ -14,6 +14,7 @@ from ..tasks.base import BaseTask as Task
 from ..tasks.base import Example
 from ..tasks.hf_tokenizer import HFTokenizer
 from ..tasks.tokenizer import CharTokenizer
+from ..tracking.console import announce
 from .batch import Sample, gather_samples, pack, shard_rows
 from .objectives import sft_loss
 
@@ -88,6 +89,7 @@ def evaluate(cfg: Config, rollout, task: Task, tokenizer: Tokenizer, layout: Rol
     t0 = time.perf_counter()
     examples = task.eval_set()
     usable = len(examples) - len(examples) % layout.replicas
+    announce(f"evaluating {usable} prompts ({prefix})...")
     samples, _ = rollouts(cfg, rollout, task, tokenizer, examples[:usable], layout, rank, greedy=True)
     texts = [tokenizer.decode(s.response_ids) for s in samples]
     return {
@@ -103,6 +105,7 @@ def supervised_warmup(cfg: Config, actor, task: Task, tokenizer: Tokenizer) -> d
     if steps <= 0:
         return {}
     t0 = time.perf_counter()
+    announce(f"supervised warm-up, {steps} steps...")
     rng = random.Random(cfg.trainer.seed + 2)
     saved_lrs = [g["lr"] for g in actor.optimizer.param_groups]
     for group in actor.optimizer.param_groups:

@@ -1,8 +1,8 @@
 """Run state at a step: DCP checkpoint of the engines plus step, RNG states, data position and layout; restore.
 
 Layout of `<run dir>/checkpoints/step_<N>/`: DCP files (`.metadata`, `__<rank>_0.distcp`), `trainer_state.pt`
-(rank 0: step, loop rng, python rng, task state, KL coefficient), `rng_rank<R>.pt` (each rank's torch RNG) and
-`COMPLETE`."""
+(rank 0: step, loop rng, python rng, task state, KL coefficient), `rng_rank<R>.pt` (each rank's torch RNG, and its
+GPU's on a CUDA rank) and `COMPLETE`."""
 from __future__ import annotations
 
 import json
@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..tracking.console import announce
 from ..train.checkpoint import load_engines, save_engines
 from ..train.engine import TrainEngine
 from .checkpoint_dirs import CHECKPOINTS, MARKER, prune, read_marker, step_dir
@@ -32,6 +33,22 @@ class RunState:
 
 def _rng_file(rank: int) -> str:
     return f"rng_rank{rank}.pt"
+
+
+def rank_rng_state() -> dict:
+    """This rank's torch RNG states: the CPU generator's, and the current GPU's where the rank uses CUDA (dropout and
+    sampling on the GPU draw from it)."""
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rank_rng(state: dict) -> None:
+    """Back to `rank_rng_state`'s states; a GPU state saved by a CUDA run is skipped on a rank without CUDA."""
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def _task_state(task) -> dict:
@@ -54,7 +71,7 @@ def save_run(run_dir: Path, step: int, engines: dict[str, TrainEngine | None], l
     held: list = [None] * world
     dist.all_gather_object(held, sorted(live))  # under placement=split only the train set holds engines
     save_engines(live, tmp)
-    torch.save({"torch": torch.get_rng_state()}, tmp / _rng_file(rank))
+    torch.save(rank_rng_state(), tmp / _rng_file(rank))
     if rank == 0:
         torch.save({"step": step, "loop_rng": loop_rng.getstate(), "python_rng": random.getstate(),
                     "task": _task_state(task), "kl_coef": kl_coef}, tmp / TRAINER_STATE)
@@ -83,7 +100,7 @@ def restore_run(path: Path, engines: dict[str, TrainEngine | None], task) -> Run
     state = torch.load(path / TRAINER_STATE, weights_only=False)  # our own file: python rng tuples, task state
     rank = dist.get_rank()
     rng_file = path / _rng_file(rank if rank < marker["world_size"] else 0)  # another world size: rank 0's stream
-    torch.set_rng_state(torch.load(rng_file)["torch"])
+    restore_rank_rng(torch.load(rng_file))
     random.setstate(state["python_rng"])
     if state["task"] and hasattr(task, "load_state_dict"):
         task.load_state_dict(state["task"])
@@ -125,6 +142,7 @@ def checkpoint_and_export(cfg, run_dir: Path, step: int, engines: dict, loop_rng
     if not save_due(trainer, step):
         return
     t0 = time.perf_counter()
+    announce(f"saving the checkpoint of step {step}...")
     path = save_run(run_dir, step, engines, loop_rng, task, layout, trainer.keep_checkpoints, kl_coef)
     t1 = time.perf_counter()
     if trainer.export_policy:

@@ -27,11 +27,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rollout_dtype(cfg: Config) -> str:
-    """vLLM's weights and compute: bf16 when training computes in bf16, else fp32."""
-    return "bfloat16" if cfg.trainer.precision == "bf16" else "float32"
-
-
 @dataclass
 class Run:
     cfg: Config

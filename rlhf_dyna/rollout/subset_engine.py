@@ -11,20 +11,44 @@ Weights cross the process boundary through shared memory on the CPU: `load_weigh
 pairs into one file in /dev/shm named after the run (`<VLLM_DIST_IDENT>-weights-<rank>`, so the launcher's
 clean-up removes it after a crash), and `collective_rpc` runs `ShmWeightInstall.install_from_shm` inside the engine process, which
 maps the file and hands zero-copy views to vLLM's checkpoint-format loader (`reload_weights`), the same in-place
-reload the in-rank engine uses (on a GPU the same place takes CUDA IPC handles, as vLLM's IPC backend does).
+reload the in-rank engine uses (on a GPU the same place could take CUDA IPC handles, as vLLM's IPC backend does; for
+now the rank copies its CUDA tensors into the same shm file).
+
+On CUDA the engine process sees only this rank's GPU (CUDA_VISIBLE_DEVICES while it starts): vLLM's `uni` executor
+puts its worker on device 0 of what it sees (local_rank 0, vllm/v1/executor/uniproc_executor.py), which would be
+GPU 0 for every rank's engine otherwise.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from ..launch.devices import engine_visible_devices
+from ..tracking.console import announce
+from .gpu_defaults import memory_args
 from .vllm_engine import VLLMRollout
 
 SHM_DIR = Path("/dev/shm")
+
+
+@contextmanager
+def engine_environment(values: dict[str, str]) -> Iterator[None]:
+    """`values` in os.environ while the engine process starts (it inherits them), the previous values afterwards."""
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class ShmWeightInstall:
@@ -52,29 +76,33 @@ class SubsetVLLMRollout(VLLMRollout):
 
     def __init__(self, model_dir: str | Path, seed: int = 0, max_model_len: int = 512, kv_cache_bytes: int = 64 << 20,
                  dtype: str = "float32", logprobs_mode: str = "processed_logprobs",
-                 enable_prefix_caching: bool = True, block_size: int | None = None, rank: int = 0) -> None:
+                 enable_prefix_caching: bool = True, block_size: int | None = None, rank: int = 0,
+                 gpu_memory_utilization: float = 0.5, enforce_eager: bool = True) -> None:
         from vllm import LLM
+        from vllm.platforms import current_platform
 
         self.tp, self.dp_size, self.dp_rank, self.expert_parallel = 1, 1, 0, False
+        self.sleep_level, self.asleep = 0, set()  # the engine has its GPU to itself: it never sleeps
         self.rank = rank
         self.shm_path = SHM_DIR / f"{os.environ.get('VLLM_DIST_IDENT', 'rlhfdyna-local')}-weights-{rank}"
-        previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # engine core in its own process: outside our world
+        on_cuda = not current_platform.is_cpu()  # this thread's current device is the rank's (rollout/device_threads)
+        engine_env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # engine core in its own process: outside our world
+        if on_cuda:
+            engine_env["CUDA_VISIBLE_DEVICES"] = engine_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                                                        torch.cuda.current_device())
         # every engine sees itself as local rank 0 and would pin its OMP threads to core 0: let the OS place them
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        try:
+        announce(f"starting vLLM on rank {rank} (max_model_len={max_model_len})...")
+        with engine_environment(engine_env):
             self.llm = LLM(
                 model=str(model_dir), tensor_parallel_size=1, distributed_executor_backend="uni",
-                skip_tokenizer_init=True, enforce_eager=True, kv_cache_memory_bytes=kv_cache_bytes or None, seed=seed,
+                skip_tokenizer_init=True, enforce_eager=enforce_eager, seed=seed,
+                **memory_args("cuda" if on_cuda else "cpu", kv_cache_bytes, gpu_memory_utilization),
                 dtype=dtype, max_model_len=max_model_len, logprobs_mode=logprobs_mode,
                 enable_prefix_caching=enable_prefix_caching, **({} if block_size is None else {"block_size": block_size}),
                 worker_extension_cls=f"{__name__}.ShmWeightInstall",
+                enable_chunked_prefill=not current_platform.is_cpu(),  # as VLLMRollout: seeded CPU sampling
             )
-        finally:
-            if previous is None:
-                os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-            else:
-                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         """Pack full tensors (HF names, checkpoint format) into the run's shm file; the engine process loads them."""

@@ -12,6 +12,13 @@ the token was actually sampled from. With temperature=1 and no top-k/top-p both 
 equal the train engine's `logprobs(temperature=1)`; with temperature T they equal
 `logprobs(temperature=T)` as long as top-k/top-p are off (otherwise vLLM renormalises over the kept
 tokens). Greedy requests (temperature=0) report raw log-probs in both modes.
+
+GPU memory (rollout/gpu_defaults.py): on CUDA vLLM takes `gpu_memory_utilization` of the card; with `sleep_level` > 0
+(colocate) it runs in vLLM's sleep mode (its CuMemAllocator keeps every allocation at a fixed virtual address), so
+`sleep()` after generation hands the KV cache (and at level 1 the weights, kept in host memory; at level 2 dropped,
+since the sync rewrites every one) back to training, and `wake_up(("weights",))` before the sync and `wake_up()`
+before generation map it back at the same addresses: tensors bound for an in-place sync stay valid. Both are no-ops
+on the CPU and with sleep_level 0.
 """
 from __future__ import annotations
 
@@ -20,11 +27,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from rlhf_dyna.models.moe_weights import to_checkpoint_names
+from rlhf_dyna.rollout.gpu_defaults import memory_args
 from rlhf_dyna.rollout.vllm_moe_cpu import repack_all_experts
+from rlhf_dyna.tracking.console import announce
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,9 @@ class VLLMRollout:
         block_size: int | None = None,
         load_format: str = "auto",  # "dummy": random weights, config.json only (benchmarks that sync real weights in)
         expert_parallel: bool = False,  # MoE: each rank holds whole experts (vLLM's linear placement), not a TP slice
+        gpu_memory_utilization: float = 0.5,  # CUDA: share of the GPU vLLM may take
+        enforce_eager: bool = True,  # False: CUDA graphs and compile (gpu_defaults.enforce_eager)
+        sleep_level: int = 0,  # CUDA: vLLM's sleep mode between generations (see module doc); 0 = off
     ) -> None:
         from vllm import LLM  # deferred: importing vllm costs seconds and the trainer-only paths don't need it
         from vllm.platforms import current_platform
@@ -58,7 +71,11 @@ class VLLMRollout:
         self.expert_parallel = expert_parallel
         self.dp_size = world // tp
         self.dp_rank = (dist.get_rank() if dist.is_initialized() else 0) // tp
+        device_type = "cpu" if current_platform.is_cpu() else "cuda"
+        self.sleep_level = sleep_level if device_type == "cuda" else 0
+        self.asleep: set[str] = set()  # what vLLM has released: "weights", "kv_cache"
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
+        announce(f"starting vLLM (tp={tp}, max_model_len={max_model_len})...")
         if expert_parallel and current_platform.is_cpu():
             from .vllm_cpu_ep import install
 
@@ -69,9 +86,9 @@ class VLLMRollout:
             data_parallel_size=self.dp_size,
             distributed_executor_backend="external_launcher" if dist.is_initialized() else None,
             skip_tokenizer_init=True,
-            enforce_eager=True,
-            # gpu_memory_utilization is per NUMA node on CPU and fails with many ranks; 0 = vLLM sizes the cache (GPU)
-            kv_cache_memory_bytes=kv_cache_bytes or None,
+            enforce_eager=enforce_eager,
+            **memory_args(device_type, kv_cache_bytes, gpu_memory_utilization),
+            enable_sleep_mode=self.sleep_level > 0,
             seed=seed,  # identical on every rank: TP peers each sample and must draw the same tokens
             dtype=dtype,
             max_model_len=max_model_len,
@@ -79,6 +96,9 @@ class VLLMRollout:
             enable_prefix_caching=enable_prefix_caching,
             load_format=load_format,
             enable_expert_parallel=expert_parallel,
+            # vLLM 0.32's CPU runner rewinds a seeded generator when a chunked prefill's token is discarded, which a
+            # CPU generator cannot do ("CPU Generator does not use offset"): prompts are prefilled whole on the CPU
+            enable_chunked_prefill=not current_platform.is_cpu(),
             **({} if block_size is None else {"block_size": block_size}),  # CPU default 128; only full blocks are prefix-cached
             worker_cls="rlhf_dyna.rollout.cpu_worker.ShmIdentCPUWorker" if current_platform.is_cpu() else "auto",
         )
@@ -102,6 +122,8 @@ class VLLMRollout:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        self.wake_up()
+
         def params(i: int) -> SamplingParams:
             return SamplingParams(
                 n=n, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
@@ -120,11 +142,31 @@ class VLLMRollout:
         """Load full tensors by HF name (checkpoint format, MoE experts by their per-expert names; vLLM shards, fuses
         and repacks them itself, but for its CPU expert kernels, prepacked here), then drop the prefix cache, whose KV
         was computed with the old weights."""
+        self.wake_up(("weights",))
         self.llm.collective_rpc(
             "reload_weights", kwargs=dict(weights_iterator=to_checkpoint_names(named_tensors), is_checkpoint_format=True)
         )
         self.llm.apply_model(repack_all_experts)
         self.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """After generation (colocate, CUDA): release vLLM's KV cache and weights (level 1: to host memory) and the
+        caching allocator's free blocks, so training gets the GPU. No-op on the CPU, with sleep_level 0, or asleep."""
+        if not self.sleep_level or self.asleep:
+            return
+        self.llm.sleep(level=self.sleep_level)
+        self.asleep = {"weights", "kv_cache"}
+        torch.cuda.empty_cache()
+
+    def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        """Map back what `tags` name (`("weights",)` before a sync, everything before generation), after returning
+        training's cached blocks to the driver. No-op for what is awake."""
+        wanted = [t for t in tags if t in self.asleep]
+        if not wanted:
+            return
+        torch.cuda.empty_cache()
+        self.llm.wake_up(tags=wanted)
+        self.asleep -= set(wanted)
 
     def reset_prefix_cache(self) -> None:
         if not self.llm.reset_prefix_cache():

@@ -12,9 +12,12 @@ import math
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from rlhf_dyna.checks.errors import ConfigError
 
 RewardFn = Callable[..., list[float]]
 
@@ -22,8 +25,8 @@ _GSM8K = re.compile(r"####\s*([^\n]+)")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 
-class RewardError(ValueError):
-    pass
+class RewardError(ConfigError):
+    """A reward that cannot be used as task.reward names it: one paragraph, then its own traceback if it raised."""
 
 
 def final_answer(text: str) -> str | None:
@@ -116,24 +119,49 @@ class RewardSet:
 
     def score(self, prompts: Sequence, completions: Sequence[str], columns: dict[str, list]) -> tuple[list[float], dict[str, list[float]]]:
         """Weighted total per completion, and each function's own values by short name."""
-        parts: dict[str, list[float]] = {}
-        for name, fn in zip(self.names, self.fns):
-            parts[short_name(name)] = checked(name, fn(list(prompts), list(completions), **columns), len(completions))
+        parts = {short_name(name): call_reward(name, fn, prompts, completions, columns) for name, fn in zip(self.names, self.fns)}
         totals = [sum(w * values[i] for w, values in zip(self.weights, parts.values())) for i in range(len(completions))]
         return totals, parts
 
 
+def own_traceback(err: BaseException) -> str:
+    """`err`'s traceback from the frame below the one that caught it: the reward's own frames, its exception last."""
+    tb = err.__traceback__.tb_next if err.__traceback__ is not None else None
+    return "".join(traceback.format_exception(type(err), err, tb)).rstrip("\n")
+
+
+def call_reward(name: str, fn: RewardFn, prompts: Sequence, completions: Sequence[str], columns: dict[str, list]) -> list[float]:
+    """One reward function's values for `completions`, checked; its exception becomes a RewardError naming it."""
+    try:
+        values = fn(list(prompts), list(completions), **columns)
+    except Exception as err:  # noqa: BLE001 -- whatever a user's function raises is reported with its name
+        raise RewardError(
+            f"reward {name!r} raised {type(err).__name__} while scoring {len(completions)} completions; fix the "
+            f"function (its traceback follows) or take it out of task.reward.\n{own_traceback(err)}"
+        ) from err
+    return checked(name, values, len(completions))
+
+
 def checked(name: str, values: Any, expected: int) -> list[float]:
     """The reward values as floats, or a clear error naming the reward and the sample that is wrong."""
-    try:
-        values = [float(v) for v in values]
-    except (TypeError, ValueError) as err:
-        raise RewardError(f"reward {name!r} must return a list of {expected} numbers, one per completion; got {values!r:.200} ({err}).") from err
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise RewardError(f"reward {name!r} must return a list of {expected} numbers, one per completion; got {values!r:.200}.")
+    values = list(values)
     if len(values) != expected:
         raise RewardError(
             f"reward {name!r} returned {len(values)} values for {expected} completions; it must return one float per "
             "completion, in the order of `completions`."
         )
+    for i, v in enumerate(values):
+        if isinstance(v, (str, bytes)) or v is None:  # float("1.0") would pass: a reward must compute a number
+            raise RewardError(
+                f"reward {name!r} returned {v!r} ({type(v).__name__}) for sample index {i} of the batch; rewards must "
+                "be numbers (int or float), one per completion: return e.g. float(score)."
+            )
+    try:
+        values = [float(v) for v in values]
+    except (TypeError, ValueError) as err:
+        raise RewardError(f"reward {name!r} must return a list of {expected} numbers, one per completion; got {values!r:.200} ({err}).") from err
     for i, v in enumerate(values):
         if math.isnan(v) or math.isinf(v):
             raise RewardError(f"reward {name!r} returned {v} for sample index {i} of the batch; rewards must be finite numbers.")

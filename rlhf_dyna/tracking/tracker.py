@@ -11,9 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
-from rlhf_dyna.tracking.console import CONSOLE_KEYS, ConsoleSink
+from rlhf_dyna.tracking.console import CONSOLE_KEYS, CONSOLE_MODES, ConsoleSink
 
 WANDB_MODES: tuple[str, ...] = ("offline", "online", "disabled")
 WANDB_KEYS: frozenset[str] = frozenset({"wandb_mode", "project", "run_name", "console", "transition_trace", "trace_syncs", "sample_log"})
@@ -39,8 +37,8 @@ class Tracker:
     wandb_cfg: mapping with the keys of the `tracking` config group: wandb_mode
       ("offline" default | "online" | "disabled"), project, run_name (None: wandb picks);
       "console" (that is the `console` argument) and the loop's trace keys are accepted and ignored. None = disabled.
-    console: print a line per step (progress bar on a terminal).
-    total_steps: the number of steps the run will make, for the progress bar.
+    console: tracking.console, one of CONSOLE_MODES; all but "off" print a line per step (the launcher renders them).
+    total_steps: the number of steps the run will make, for the step lines and their ETA.
     run_config: the resolved run config (plain dict), passed to wandb.init(config=...).
     Steps must strictly increase across `log` calls: gather a step's metrics, then log once.
     """
@@ -49,19 +47,20 @@ class Tracker:
         self,
         output_dir: str | Path,
         wandb_cfg: Mapping[str, Any] | None,
-        console: bool,
+        console: str,
         total_steps: int,
         run_config: Mapping[str, Any] | None = None,
         console_keys: Sequence[str] = CONSOLE_KEYS,
-        rich_console: Console | None = None,
     ) -> None:
         _assert_rank_zero()
+        if console not in CONSOLE_MODES:
+            raise ValueError(f"console must be one of {CONSOLE_MODES}, got {console!r}")
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         # Append so a resumed run keeps its earlier steps.
         self._jsonl = (self.output_dir / METRICS_FILE).open("a", encoding="utf-8")
         self._last_step: int | None = None
-        self._console = ConsoleSink(total_steps, console_keys, rich_console) if console else None
+        self._console = ConsoleSink(total_steps, console_keys) if console != "off" else None
         self._wandb_run = self._init_wandb(dict(wandb_cfg or {"wandb_mode": "disabled"}), run_config)
 
     def _init_wandb(self, cfg: dict[str, Any], run_config: Mapping[str, Any] | None) -> Any:
@@ -82,7 +81,7 @@ class Tracker:
             dir=str(self.output_dir),
             config=dict(run_config) if run_config is not None else None,
             reinit="create_new",
-            # console="off": wandb must not wrap stdout, which rich's progress bar owns.
+            # console="off": wandb must not wrap stdout, which carries the step lines.
             settings=wandb.Settings(console="off", silent=True),
         )
 

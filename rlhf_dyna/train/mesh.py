@@ -3,8 +3,6 @@ contiguous rank set; pp x dp x tp; expert parallel as edp x ep x tp with the fla
 calls it, members or not: creating a mesh's process groups is collective over the world."""
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -15,11 +13,9 @@ EP_MESH_DIMS = ("edp", "ep", "tp")
 
 
 def mesh_device_type() -> str:
-    """"cuda" under NCCL (this rank's GPU selected from LOCAL_RANK), else "cpu"."""
-    if "nccl" not in dist.get_backend():
-        return "cpu"
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
-    return "cuda"
+    """"cuda" under NCCL, else "cpu". The mesh uses this thread's current GPU, which launch/rank.py chose for the rank
+    (launch/devices.rank_device) and worker threads take over (launch/threads.DeviceThread)."""
+    return "cuda" if "nccl" in dist.get_backend() else "cpu"
 
 
 def build_mesh(layout: ParallelLayout) -> DeviceMesh:

@@ -3,8 +3,9 @@
 Every rollout rank receives only its own shard: fused `qkv_proj` = [q_r; k_r; v_r] (KV heads replicated when
 tp > num_kv_heads), `gate_up_proj` = [gate_r; up_r], vocab-parallel rows with padding, row-parallel columns.
 
-GPU (kernel format == vLLM's model format for unquantized weights): the destination buffers are the parameters'
-own storage, written in place; nothing to install.
+GPU (kernel format == vLLM's model format for unquantized weights, checked per parameter by
+transition/kernel_format.py: method, MoE backend, strides): the destination buffers are the parameters' own storage,
+written in place; nothing to install. Any parameter that fails the check sends the whole sync through the staged path.
 CPU: vLLM repacks linear weights after loading (its `qkv_proj.weight` becomes shape (0,), the data lives in a
 oneDNN / SGL handle), so the executor writes into staging buffers shaped like vLLM's model-format TP-local
 parameters (taken from a pool that keeps them between groups and syncs), one group of layers at a time, and `vllm_install.LayerwiseInstaller` hands each group to vLLM's own
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
+from rlhf_dyna.transition.kernel_format import kernel_format_problems
 from rlhf_dyna.transition.tensor_pool import TensorPool
 from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.vps.layout import Layout
@@ -70,7 +72,8 @@ class VllmDestination:
             raise ValueError(f"rank {rank}: vLLM has no parameters {missing[:5]} of the VPS layout {layout.spec.describe()}")
         params = dict(self.model.named_parameters(remove_duplicate=False))
         self.devices = {n: params[n].device for n in self.aliases}
-        self.staged = current_platform.is_cpu() or not all(
+        self.kernel_problems = [] if current_platform.is_cpu() else kernel_format_problems(self.model, sorted(wanted))
+        self.staged = current_platform.is_cpu() or bool(self.kernel_problems) or not all(
             tuple(params[n].shape) == b.shape and params[n].dtype == TORCH_DTYPES[b.dtype] for n, b in wanted.items())
         self.kernel = {} if self.staged else {n: params[n].data for n in wanted}
         self._specs: dict[Layout, list] = {}  # a Layout hashes by identity

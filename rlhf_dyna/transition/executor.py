@@ -10,7 +10,10 @@ first, then zero-copy sends, then sends that need a pack copy, then the local co
 unpacked as soon as it has arrived, so copying overlaps what is still on the wire; consecutive rounds run together
 while their staging fits the schedule's budget (zero-copy messages need none), so mostly zero-copy rounds do not
 wait for each other. On NCCL a round is one
-`batch_isend_irecv` (grouped, in the same order on both ends). Sources whose dtype
+`batch_isend_irecv` (grouped, in the same order on both ends), and consecutive rounds are posted together in the
+same way, so a round's packing runs on the compute stream while the previous round is on NCCL's stream; the
+round's times there come from CUDA events, not from the host's clock that only sees the enqueue. The transport is
+the world's (transition/transport.py), never a rank's own guess from its buffers. Sources whose dtype
 differs from the destination's (fp32 masters -> bf16 rollout) are cast while packing, so the wire carries
 destination bytes. A round's staging lives for that round only: the schedule's budget bounds it (plus one row
 per stream); on the CPU its memory is reused from round to round (`round_io.StagingArena`).
@@ -26,9 +29,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rlhf_dyna.transition.gpu_windows import GpuWindows
 from rlhf_dyna.transition.round_io import STAGING, LocalCopies, PeerMessages, RoundIO, run_copies
 from rlhf_dyna.transition.streams import DIRECT_BYTES, Message, StreamCutter
 from rlhf_dyna.transition.trace import TraceRecorder
+from rlhf_dyna.transition.transport import GLOO, ensure_warm, wire_device, world_transport
 from rlhf_dyna.transition.verify import check_destination, source_sums
 from rlhf_dyna.transition.views import TORCH_DTYPES, peer_rank
 from rlhf_dyna.vps.rank_plan import RankPlan, Transfer
@@ -119,11 +124,17 @@ def prepare(plan: RankPlan, direct_bytes: int = DIRECT_BYTES, budget_bytes: int 
                         budget_bytes, send_order)
 
 
-def check_buffers(p: PreparedPlan, src: Mapping[str, Tensor], dst: Mapping[str, Tensor]) -> None:
-    """Every buffer the plan names exists, destinations have the plan's dtype, views stay inside the buffers."""
+def check_buffers(p: PreparedPlan, src: Mapping[str, Tensor], dst: Mapping[str, Tensor],
+                  device: torch.device | None = None) -> None:
+    """Every buffer the plan names exists, destinations have the plan's dtype, views stay inside the buffers, and
+    every buffer lives on the transport's `device` (the CPU for gloo, this rank's GPU for NCCL)."""
     for side, needs, buffers in (("source", p.src_needs, src), ("destination", p.dst_needs, dst)):
         for name, need in needs.items():
             t = need.transfer
+            if name in buffers and device is not None and buffers[name].device != device:
+                raise ValueError(f"{side} buffer {name!r} (for {t.tensor}/{t.kind.value}) is on "
+                                 f"{buffers[name].device} but this world's transport moves {device.type} tensors: "
+                                 f"allocate every buffer of a transition on {device} (transport.wire_device)")
             if name not in buffers:
                 raise KeyError(f"{side} buffer {name!r} (for {t.tensor}/{t.kind.value}) is not bound on rank {p.plan.rank}")
             if need.last >= buffers[name].numel():
@@ -180,8 +191,10 @@ def execute(
     release: Callable[[str], None] | None = None,
     first_round: int = 0,
     pack_first: bool = True,
+    transport: str | None = None,
 ) -> ExecStats:
-    """Collective over `group`: every rank runs its own plan of the same schedule.
+    """Collective over `group`: every rank runs its own plan of the same schedule, over `transport` ("gloo" |
+    "nccl"; None: the group's, transport.world_transport).
 
     `release(name)` (in-place transitions) is called once per source buffer right after the last round that
     reads it, so its storage can be freed while later rounds still run. With `verify`, every destination
@@ -189,21 +202,25 @@ def execute(
     `first_round` numbers the traced rounds of a transition run as several plans (layer groups) as one; `pack_first`:
     see post_streaming (gloo only)."""
     p = plan if isinstance(plan, PreparedPlan) else prepare(plan)
-    check_buffers(p, src_buffers, dst_buffers)
-    some = next(iter({**src_buffers, **dst_buffers}.values()), None)
-    device = some.device if some is not None else torch.device("cpu")
-    gloo = device.type != "cuda"  # CUDA tensors travel over NCCL, in one grouped call per round
+    transport = transport or world_transport(group)
+    device = wire_device(transport)
+    check_buffers(p, src_buffers, dst_buffers, device)
+    gloo = transport == GLOO  # otherwise CUDA tensors over NCCL, in one grouped call per round
     post = partial(post_streaming, pack_first=pack_first) if gloo else post_batched
+    ensure_warm(group, transport)  # NCCL: the group's first call, which every rank joins, is not a round's
     sums = source_sums(p.plan, src_buffers) if verify else None  # taken before any source is released
     releases = {i: list(names) for i, names in p.last_read.items()} if release is not None else {}
     start = time.perf_counter()
     sent = received = messages = peak = 0
     copying = waiting = 0.0
     local = LocalCopies(p.plan.copies)
-    streaming = gloo and p.budget_bytes is not None
+    streaming = p.budget_bytes is not None
+    windows = GpuWindows() if device.type == "cuda" else None
     i, n = 0, len(p.plan.rounds)
     while i < n:
         window_start, io, works = time.time(), RoundIO(src_buffers, dst_buffers, device, local), []
+        if windows is not None:
+            windows.open()
         j = i
         while j == i or (streaming and j < n and io.staged_bytes + io.staging_need(p.sends[j], p.recvs[j]) <= p.budget_bytes):
             works.append(post(io, p, j, group))  # zero-copy rounds cost no staging: they run together
@@ -227,14 +244,20 @@ def execute(
         if device.type == "cpu":
             STAGING.fit(io.staged_bytes)
         duration = time.time() - window_start
+        if windows is not None:
+            windows.close(window_start)
         for r, round_works in zip(range(i, j), works):
             for name in releases.pop(r, []):
                 release(name)
             out_bytes, in_bytes = sum(map(payload, p.sends[r].values())), sum(map(payload, p.recvs[r].values()))
             sent, received, messages = sent + out_bytes, received + in_bytes, messages + len(round_works)
             if trace is not None:  # rounds run together share their window's span
-                trace.add(trace_name, first_round + r, window_start, duration, dict(bytes_sent=out_bytes, bytes_received=in_bytes,
-                          messages=len(round_works), staged_bytes=io.staged_bytes, window=f"{i}-{j - 1}"))
+                event = (trace_name, first_round + r, window_start, duration, dict(bytes_sent=out_bytes, bytes_received=in_bytes,
+                         messages=len(round_works), staged_bytes=io.staged_bytes, window=f"{i}-{j - 1}"))
+                if windows is None:
+                    trace.add(*event)
+                else:  # CUDA: timed by the window's events once the device has synchronised
+                    windows.trace(event)
         peak = max(peak, io.staged_bytes)
         i = j
     if not local.copied:  # a plan without rounds
@@ -246,7 +269,9 @@ def execute(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
+    if windows is not None and trace is not None:
+        windows.add_to(trace)
     if verify:
-        check_destination(p.plan, sums, dst_buffers, group)
+        check_destination(p.plan, sums, dst_buffers, group, transport)
     return ExecStats(seconds, sent, received, sum(t.nbytes for t in p.plan.copies), len(p.plan.rounds), messages, peak,
                      copying, waiting)

@@ -23,6 +23,7 @@ from rlhf_dyna.train.pipeline_engine import PipelineEngine
 from rlhf_dyna.train.pp_stage import StageModule, meta_full_model
 from rlhf_dyna.transition.movers import MoveStats, StateKey, StateMover, move_by_full_tensors
 from rlhf_dyna.transition.trace import TraceRecorder
+from rlhf_dyna.transition.transport import release_cached_memory
 
 OPTIMIZER_KINDS = ("exp_avg", "exp_avg_sq")
 
@@ -162,4 +163,5 @@ def relayout(
     del source
     if new.zero < 3:
         new.materialize_replicas()
+    release_cached_memory(new.device)  # CUDA: the old layout's freed blocks go back to the driver
     return new, stats

@@ -26,6 +26,7 @@ from rlhf_dyna.transition.bind_train import DTYPE_NAMES, StateKey, bind_train_bu
 from rlhf_dyna.transition.executor import execute
 from rlhf_dyna.transition.relayout import allocate_optimizer_state, bind_train_state, empty_engine_like, meta_skeleton
 from rlhf_dyna.transition.trace import TraceRecorder
+from rlhf_dyna.transition.transport import release_cached_memory, wire_device, world_transport
 from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
 from rlhf_dyna.vps.model import ModelCatalog
 from rlhf_dyna.vps.spec import ParallelSpec
@@ -110,6 +111,7 @@ def move_role_state(source: TrainEngine | None, destination: TrainEngine | None,
         refresh_fsdp_shards(destination.model)
         if destination.zero < 3:
             destination.materialize_replicas()
+    release_cached_memory(wire_device(world_transport()))  # CUDA: the move's staging goes back to the driver
     return RoleMoveStats(time.perf_counter() - start, t.bytes_between_ranks, stats.rounds, stats.peak_extra_bytes)
 
 
@@ -137,6 +139,7 @@ class ParkedState:
             self._sizes[id(storage)] = (storage, storage.nbytes())
             freed += storage.nbytes()
             storage.resize_(0)
+        release_cached_memory(wire_device(world_transport()))  # CUDA: the parked bytes really go to the lent role
         return freed
 
     def unpark(self) -> None:

@@ -6,6 +6,8 @@ The destination is a VPS layout of its own: every rollout rank holds one whole c
 vLLM's checkpoint-format loader takes. The plan sends each rollout rank exactly the shards it lacks, from the
 training set's FSDP / TP shards, in rounds under the memory budget; the rank then hands the whole tensors to its
 engine through shared memory. Ranks outside both sets take part with no buffers (the executor is collective).
+Every rank moves its bytes over the world's transport: on NCCL the rollout ranks receive into buffers on their own
+GPU (then copied into the engine's shm file), since CPU buffers would post gloo receives that no NCCL send matches.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from rlhf_dyna.transition.executor import execute
 from rlhf_dyna.transition.relayout import bind_train_state
 from rlhf_dyna.transition.sync import SyncStats
 from rlhf_dyna.transition.trace import TraceRecorder
+from rlhf_dyna.transition.transport import release_cached_memory, wire_device, world_transport
 from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
 from rlhf_dyna.vps.spec import ParallelSpec, Phase
@@ -55,12 +58,16 @@ class SubsetSync:
         if train_engine is not None:
             params = {k: v for k, v in bind_train_state(train_engine).items() if k[1] == Kind.PARAM.value}
             src = bind_train_buffers(params, t.src, rank, t.src_buffers)
-        dst = {name: torch.empty(b.shape, dtype=TORCH_DTYPES[b.dtype]) for name, b in t.dst_buffers.items()}
+        transport = world_transport()
+        device = wire_device(transport)
+        dst = {name: torch.empty(b.shape, dtype=TORCH_DTYPES[b.dtype], device=device) for name, b in t.dst_buffers.items()}
         moving = time.perf_counter()
-        stats = execute(t.rank_plan, src, dst, trace=recorder, trace_name=trace_name)
+        stats = execute(t.rank_plan, src, dst, trace=recorder, trace_name=trace_name, transport=transport)
         self.transfer_seconds = time.perf_counter() - moving  # without planning and the engine's install
         if rollout is not None:
             rollout.load_weights(self._named(dst))
+        del dst
+        release_cached_memory(device)  # the whole copies are in the engine now: the GPU's blocks go back
         return SyncStats(time.perf_counter() - start, t.bytes_between_ranks, stats.rounds, stats.peak_extra_bytes)
 
     def _named(self, whole: dict[str, torch.Tensor]):

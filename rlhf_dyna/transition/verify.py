@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rlhf_dyna.transition.transport import ensure_warm, wire_device, world_transport
 from rlhf_dyna.transition.views import TORCH_DTYPES, dst_view, peer_rank, src_view
 from rlhf_dyna.vps.rank_plan import RankPlan, Transfer
 
@@ -55,10 +56,12 @@ def describe(t: Transfer, src_rank: int, dst_rank: int) -> str:
 
 
 def check_destination(plan: RankPlan, sums: dict[int, Tensor], dst: Mapping[str, Tensor],
-                      group: dist.ProcessGroup | None = None) -> None:
-    """Collective over `group`: raises TransitionMismatch on every rank if any destination region is wrong."""
-    device = next(iter(dst.values())).device if dst else torch.device("cpu")
-    wire = "cpu" if device.type == "cpu" else device
+                      group: dist.ProcessGroup | None = None, transport: str | None = None) -> None:
+    """Collective over `group`: raises TransitionMismatch on every rank if any destination region is wrong. The sums
+    travel over the group's `transport` (None: transport.world_transport) on every rank, whatever its buffers."""
+    transport = transport or world_transport(group)
+    wire = wire_device(transport)
+    ensure_warm(group, transport)
     incoming = {peer: torch.empty(len(s.transfers), 2, dtype=torch.int64, device=wire) for peer, s in plan.recvs.items()}
     ops = [dist.P2POp(dist.irecv, t, peer_rank(group, p), group) for p, t in incoming.items()]
     ops += [dist.P2POp(dist.isend, sums[p].to(wire), peer_rank(group, p), group) for p in plan.sends]

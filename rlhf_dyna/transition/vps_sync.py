@@ -61,6 +61,7 @@ class VpsSync(WeightSync):
 
     def sync(self, train_engine: TrainEngine, rollout: VLLMRollout) -> SyncStats:
         start, rank = time.perf_counter(), dist.get_rank()
+        rollout.wake_up(("weights",))  # a sleeping engine's parameters come back at their addresses (CUDA colocate)
         params = {key: t for key, t in bind_train_state(train_engine).items() if key[1] == Kind.PARAM.value}
         plans = self._plans(train_engine.model.config, params, rollout, rank)
         moving = time.perf_counter()

@@ -42,6 +42,10 @@ CASES = [
     (["rollout.n=1"], "GRPO's baseline is the mean reward of a prompt's group"),
     (["algorithm.adv_estimator=gae"], "gae needs the critic that only algorithm.name=ppo trains"),
     (["algorithm.mini_batches=3"], "do not split into algorithm.mini_batches=3 x dp=2 equal shards"),
+    (["tracking.console=loud"], "tracking.console='loud' is not a valid choice; valid: progress, plain, verbose, off"),
+    (["rollout.max_model_len=100"], "rollout.max_model_len=100 exceeds the model's max_position_embeddings=64 "
+                                    "(model.max_position_embeddings)"),
+    (["rollout.kv_cache_bytes=1000"], "rollout.kv_cache_bytes=1000 (0.00 MiB) is too small for vLLM to hold one sequence"),
 ]
 
 
@@ -53,7 +57,7 @@ def test_bad_input_is_refused_before_spawning(args, expected, tmp_path):
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert expected in proc.stderr, proc.stderr
     assert elapsed < 30
-    assert not list((tmp_path / "run").glob("rank*.log")), "a rank was spawned"
+    assert not list((tmp_path / "run").rglob("rank*.log")), "a rank was spawned"
 
 
 def test_dry_run_still_plans_what_does_not_run_live(tmp_path):

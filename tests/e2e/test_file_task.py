@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from rlhf_dyna.models.tiny_checkpoint import make_tiny_checkpoint
 
 RECORDER = '''
@@ -43,7 +45,7 @@ def test_file_task_trains_a_real_checkpoint_on_chat_prompts(tmp_path):
         f"task.eval_files=[{eval_file}]", "task.reward=[math,my_rewards:record]", "task.reward_weights=[1.0,0.5]",
         "trainer.total_steps=2", "trainer.sft_warmup_steps=0", "task.prompts_per_step=4", "rollout.n=2",
         "rollout.max_new_tokens=8", "task.eval_size=4", "task.eval_every=2", "algorithm.micro_batch_size=8",
-        "model.max_position_embeddings=128", "task.max_prompt_tokens=96", "tracking.wandb_mode=disabled", "tracking.sample_log=8",
+        "task.max_prompt_tokens=96", "tracking.wandb_mode=disabled", "tracking.sample_log=8",
         f"hydra.run.dir={run_dir}",
     ], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -57,8 +59,11 @@ def test_file_task_trains_a_real_checkpoint_on_chat_prompts(tmp_path):
         assert "<|im_start|>assistant\n" in s["prompt_text"]
         assert s["prompt_ids"] == tok(s["prompt_text"], add_special_tokens=False)["input_ids"]
 
-    calls = [json.loads(line) for p in tmp_path.glob("reward_calls_*.jsonl") for line in p.read_text().splitlines()]
-    assert len(list(tmp_path.glob("reward_calls_*.jsonl"))) == 2, "each rank scores its own share"
+    files = {p: [json.loads(line) for line in p.read_text().splitlines()] for p in tmp_path.glob("reward_calls_*.jsonl")}
+    probes = [p for p, rows in files.items() if [r["completions"] for r in rows] == [[train[0]["answer"], ""]]]
+    assert len(probes) == 1, "the launcher tries a custom reward once before spawn, on the first row's answer and ''"
+    calls = [call for p, rows in files.items() if p not in probes for call in rows]
+    assert len(files) == 3, "each rank scores its own share"
     completions = {c for call in calls for c in call["completions"]}
     for s in samples:  # the reward got the decoded completions ...
         assert s["response_text"] in completions
@@ -70,6 +75,9 @@ def test_file_task_trains_a_real_checkpoint_on_chat_prompts(tmp_path):
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
+    resolved = OmegaConf.load(run_dir / "config_resolved.yaml")  # the checkpoint's architecture, as it ran
+    assert (resolved.model.vocab_size, resolved.model.hidden_size, resolved.model.max_position_embeddings) == (384, 128, 512)
+    assert resolved.rollout.max_model_len == 96 + 8  # task.max_prompt_tokens + rollout.max_new_tokens
     for r in rows[1:]:
         assert r["reward/record/mean"] == 1.0
         assert abs(r["reward/mean"] - (r["reward/math/mean"] + 0.5)) < 1e-9

@@ -30,3 +30,8 @@ def test_app_under_two_torchrun_agents(tmp_path):
     assert (tmp_path / "node0" / "model_init" / "node0" / "config.json").is_file()
     assert (tmp_path / "node0" / "model_init" / "node1" / "config.json").is_file()
     assert not (tmp_path / "node1" / "metrics.jsonl").exists(), "only rank 0 tracks"
+    # rank 0's own lines on its agent's console; everything else in the rank logs under rank 0's run dir
+    assert f"rank logs in {tmp_path / 'node0' / 'logs'}" in outputs[0] and "step 1/1 | reward/mean" in outputs[0]
+    for noise in ("Triton", "FutureWarning", "NUMA", "Loading safetensors"):
+        assert noise not in outputs[0] + outputs[1], noise
+    assert all((tmp_path / "node0" / "logs" / f"rank{r}.log").is_file() for r in (0, 1))

@@ -40,4 +40,4 @@ def test_bad_placement_is_refused_before_spawn(args, expected, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
     assert expected in proc.stderr, proc.stderr
-    assert not list(tmp_path.glob("rank*.log")), "refused before any rank spawned"
+    assert not list(tmp_path.rglob("rank*.log")), "refused before any rank spawned"

@@ -28,6 +28,7 @@ from rlhf_dyna.launch import (
 WORKERS = str(Path(__file__).with_name("workers.py"))
 REPO_ROOT = Path(__file__).parents[2]
 CRASH_TEXT = "rank one blew up on purpose (launch test)"  # as in workers.py, which tests must not import
+CONFIG_ERROR_TEXT = "reward 'x:y' raised on purpose (launch test); its traceback would follow"
 WORKERS_MODULE = "tests.launch.workers"
 # each supervision test runs with ranks started as interpreters (a script entry) and forked from a launcher that
 # imported torch first (launch/fork.py, what `python -m rlhf_dyna` does)
@@ -77,7 +78,7 @@ def test_spawned_ranks_all_reduce(tmp_path: Path, world_size: int, entry: str, p
     assert {r["omp"] for r in results} == {omp} and {r["torch_threads"] for r in results} == {int(omp)}
     assert {r["pythonpath"] for r in results} == {str(REPO_ROOT)}
     assert all(r["under_torchrun"] for r in results)  # a spawned rank must not spawn again
-    assert all((tmp_path / "run" / f"rank{r}.log").exists() for r in range(world_size))
+    assert all((tmp_path / "run" / "logs" / f"rank{r}.log").exists() for r in range(world_size))
     assert run_segments(results[0]["run_ident"]) == []
 
 
@@ -92,6 +93,23 @@ def test_crashing_rank_stops_all_and_cleans_up(tmp_path: Path, capfd: pytest.Cap
     assert CRASH_TEXT in err and "rank 1 of 2 failed" in err and "Traceback" in err
     assert stop_s < 5, f"{stop_s:.1f}s from the crash to the launcher's return"
     _assert_no_traces(tmp_path)
+
+
+@pytest.mark.timeout(60)
+@START
+def test_first_recorded_failure_is_shown_last(tmp_path: Path, capfd: pytest.CaptureFixture[str], entry: str,
+                                              preload: tuple[str, ...]) -> None:
+    """Rank 1's error, recorded before its teardown, is the launcher's last word: not its later noise, not rank 0's
+    collective failing after it."""
+    code = spawn_ranks(2, entry, ["config_error", str(tmp_path)], tmp_path / "run", grace_s=3.0, preload=preload)
+    err = capfd.readouterr().err
+    assert code != 0
+    assert err.rstrip().endswith(f"rlhf_dyna: error: {CONFIG_ERROR_TEXT}"), err
+    assert "rank 1 of 2 failed" in err and "Invalid process group" not in err and "Traceback" not in err
+    recorded = [json.loads((tmp_path / "run" / "logs" / f"rank{r}.error.json").read_text()) for r in (0, 1)]
+    assert recorded[1]["time"] < recorded[0]["time"], "rank 0 failed because rank 1 did, so after it"
+    assert "Invalid process group" in (tmp_path / "run" / "logs" / "rank1.log").read_text(), "the noise stays in the log"
+    assert len(_pids(tmp_path)) == 2 and not any(_alive(p) for p in _pids(tmp_path))
 
 
 @pytest.mark.timeout(60)
@@ -217,9 +235,38 @@ def test_forked_rank_exit_codes_and_output(tmp_path: Path) -> None:
     """sys.exit(3) is code 3, sys.exit("text") prints text and is 1, a kill by signal is 128 + N; output arrives."""
     assert spawn_ranks(1, WORKERS_MODULE, ["exit_3", str(tmp_path)], tmp_path / "a", preload=("torch",)) == 3
     assert spawn_ranks(1, WORKERS_MODULE, ["exit_text", str(tmp_path)], tmp_path / "b", preload=("torch",)) == 1
-    assert "stopping with a message" in (tmp_path / "b" / "rank0.log").read_text()
+    assert "stopping with a message" in (tmp_path / "b" / "logs" / "rank0.log").read_text()
     assert spawn_ranks(1, WORKERS_MODULE, ["kill_self", str(tmp_path)], tmp_path / "c", preload=("torch",)) == 128 + 9
-    assert "printed before the kill" in (tmp_path / "c" / "rank0.log").read_text()
+    assert "printed before the kill" in (tmp_path / "c" / "logs" / "rank0.log").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_ranks_are_not_forked_from_a_launcher_that_initialised_cuda(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child forked after the launcher initialised CUDA cannot use CUDA: such a launcher must start its ranks as
+    fresh interpreters, whatever `preload` asks. torch.cuda's initialised flag (set here as CUDA would set it) is
+    inherited by a forked rank and absent from a fresh one."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "_initialized", True)
+    monkeypatch.setattr(torch, "_launch_test_mark", True, raising=False)
+    assert torch.cuda.is_initialized()
+    code = spawn_ranks(2, WORKERS_MODULE, ["cuda_state", str(tmp_path)], tmp_path / "run", preload=("torch",),
+                       env={"PYTHONPATH": str(REPO_ROOT)})
+    assert code == 0, (tmp_path / "run" / "rank0.log").read_text()
+    states = [json.loads((tmp_path / f"cuda_state{r}.json").read_text()) for r in range(2)]
+    assert states == [{"inherited_cuda_state": False, "forked": False}] * 2
+
+
+@pytest.mark.timeout(60)
+def test_ranks_are_forked_from_a_launcher_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU path keeps its forked ranks (they inherit what the launcher imported, its mark on torch included)."""
+    import torch
+
+    monkeypatch.setattr(torch, "_launch_test_mark", True, raising=False)
+    assert not torch.cuda.is_initialized()
+    assert spawn_ranks(1, WORKERS_MODULE, ["cuda_state", str(tmp_path)], tmp_path / "run", preload=("torch",)) == 0
+    assert json.loads((tmp_path / "cuda_state0.json").read_text()) == {"inherited_cuda_state": False, "forked": True}
 
 
 def test_init_distributed_outside_a_launch_says_how(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,9 +12,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlhf_dyna.launch import SHM_DIR, init_distributed, shutdown_distributed, under_torchrun
+from rlhf_dyna.checks.errors import ConfigError
+from rlhf_dyna.launch import SHM_DIR, init_distributed, record_failure, shutdown_distributed, under_torchrun
 
 CRASH_TEXT = "rank one blew up on purpose (launch test)"
+CONFIG_ERROR_TEXT = "reward 'x:y' raised on purpose (launch test); its traceback would follow"
 
 
 def all_reduce(out_dir: Path) -> None:
@@ -57,6 +59,23 @@ def crash(out_dir: Path) -> None:
     time.sleep(300)
 
 
+def config_error(out_dir: Path) -> None:
+    """As rlhf_dyna.worker does: rank 1 records a ConfigError and tears down, after which it prints the noise vLLM's
+    exit handlers print; rank 0 then fails in its collective and records that later."""
+    rank = init_distributed().rank
+    (out_dir / f"rank{rank}.pids").write_text(str(os.getpid()))
+    try:
+        if rank == 1:
+            raise ConfigError(CONFIG_ERROR_TEXT)
+        dist.barrier()  # never completes: rank 1 is gone
+    except Exception as err:
+        record_failure(err, rank)
+        raise
+    finally:
+        shutdown_distributed()
+        print("ValueError: Invalid process group specified", file=sys.stderr, flush=True)
+
+
 def hang(out_dir: Path) -> None:
     _leave_traces(out_dir)
     (out_dir / f"ready{dist.get_rank()}").touch()
@@ -71,6 +90,13 @@ def exit_text(out_dir: Path) -> None:
     sys.exit("stopping with a message")
 
 
+def cuda_state(out_dir: Path) -> None:
+    """Whether this rank started with the launcher's CUDA state and its mark on torch: a forked rank inherits both,
+    a fresh interpreter neither."""
+    (out_dir / f"cuda_state{os.environ['RANK']}.json").write_text(json.dumps(dict(
+        inherited_cuda_state=bool(torch.cuda._initialized), forked=hasattr(torch, "_launch_test_mark"))))
+
+
 def kill_self(out_dir: Path) -> None:
     print("printed before the kill", flush=True)
     os.kill(os.getpid(), 9)
@@ -78,6 +104,6 @@ def kill_self(out_dir: Path) -> None:
 
 if __name__ == "__main__":
     mode, out = sys.argv[1:]
-    modes = {"all_reduce": all_reduce, "crash": crash, "hang": hang, "exit_3": exit_3, "exit_text": exit_text,
-             "kill_self": kill_self}
+    modes = {"all_reduce": all_reduce, "crash": crash, "config_error": config_error, "hang": hang, "exit_3": exit_3,
+             "exit_text": exit_text, "kill_self": kill_self, "cuda_state": cuda_state}
     modes[mode](Path(out))

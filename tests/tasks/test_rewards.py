@@ -45,6 +45,9 @@ def reward_module(tmp_path, monkeypatch):
         "def short(prompts, completions, **kw):\n    return [1.0]\n"
         "def nan(prompts, completions, **kw):\n    return [1.0, float('nan'), 0.0]\n"
         "def text(prompts, completions, **kw):\n    return ['a'] * len(completions)\n"
+        "def numeric_text(prompts, completions, **kw):\n    return ['1.0'] * len(completions)\n"
+        "def raises(prompts, completions, **kw):\n    return helper(completions)\n"
+        "def helper(completions):\n    raise KeyError('no such column: score')\n"
     )
     monkeypatch.chdir(tmp_path)  # custom rewards import from the working directory
     yield "my_fmt_rewards"
@@ -61,12 +64,24 @@ def test_custom_reward_by_path_and_weighted_sum(reward_module):
 @pytest.mark.parametrize("fn,message", [
     ("short", "returned 1 values for 3 completions"),
     ("nan", "returned nan for sample index 1"),
-    ("text", "must return a list of 3 numbers"),
+    ("text", "returned 'a' \\(str\\) for sample index 0 of the batch; rewards must be numbers"),
+    ("numeric_text", "returned '1.0' \\(str\\) for sample index 0"),  # float('1.0') would have passed it
 ])
 def test_bad_reward_outputs_are_named(reward_module, fn, message):
     rs = build_rewards(f"{reward_module}:{fn}", [], "answer")
     with pytest.raises(RewardError, match=message):
         rs.score(["q"] * 3, ["a", "b", "c"], {"answer": ["1", "2", "3"]})
+
+
+def test_a_raising_reward_is_named_with_its_own_traceback_last(reward_module):
+    rs = build_rewards(["exact", f"{reward_module}:raises"], [], "answer")
+    with pytest.raises(RewardError) as err:
+        rs.score(["q"] * 2, ["a", "b"], {"answer": ["1", "2"]})
+    message = str(err.value)
+    assert message.startswith(f"reward '{reward_module}:raises' raised KeyError while scoring 2 completions")
+    lines = message.splitlines()
+    assert lines[1] == "Traceback (most recent call last):" and lines[-1] == "KeyError: 'no such column: score'"
+    assert "in raises" in message and "in helper" in message and "rlhf_dyna/tasks" not in message  # its frames only
 
 
 def test_reward_paths_that_do_not_import(reward_module):

@@ -1,10 +1,8 @@
-import io
 import json
 
 import pytest
 import torch
 from omegaconf import OmegaConf
-from rich.console import Console
 
 from rlhf_dyna.tracking import METRICS_FILE, Tracker
 from .wandb_records import history_rows, read_records
@@ -17,7 +15,7 @@ def _lines(path):
 
 
 def test_jsonl_one_object_per_step(tmp_path):
-    with Tracker(tmp_path, DISABLED, console=False, total_steps=3) as tracker:
+    with Tracker(tmp_path, DISABLED, console="off", total_steps=3) as tracker:
         tracker.log(1, {"reward/mean": 0.5, "actor/pg_loss": torch.tensor(-0.25)})
         tracker.log(2, {"reward/mean": 0.75, "eval/accuracy": 1})
         tracker.log(3, {"actor/kl": float("nan"), "critic/vf_loss": float("inf")})
@@ -29,15 +27,15 @@ def test_jsonl_one_object_per_step(tmp_path):
 
 
 def test_jsonl_appends_on_resume(tmp_path):
-    with Tracker(tmp_path, None, console=False, total_steps=2) as tracker:
+    with Tracker(tmp_path, None, console="off", total_steps=2) as tracker:
         tracker.log(1, {"reward/mean": 0.1})
-    with Tracker(tmp_path, None, console=False, total_steps=2) as tracker:
+    with Tracker(tmp_path, None, console="off", total_steps=2) as tracker:
         tracker.log(2, {"reward/mean": 0.2})
     assert [line["step"] for line in _lines(tmp_path)] == [1, 2]
 
 
 def test_steps_must_increase_and_step_key_reserved(tmp_path):
-    with Tracker(tmp_path, DISABLED, console=False, total_steps=3) as tracker:
+    with Tracker(tmp_path, DISABLED, console="off", total_steps=3) as tracker:
         tracker.log(2, {"a": 1.0})
         with pytest.raises(ValueError, match="steps must increase"):
             tracker.log(2, {"a": 2.0})
@@ -47,36 +45,38 @@ def test_steps_must_increase_and_step_key_reserved(tmp_path):
 
 def test_bad_wandb_config_rejected(tmp_path):
     with pytest.raises(ValueError, match="wandb_mode"):
-        Tracker(tmp_path, {"wandb_mode": "sometimes"}, console=False, total_steps=1)
+        Tracker(tmp_path, {"wandb_mode": "sometimes"}, console="off", total_steps=1)
     with pytest.raises(ValueError, match="unknown wandb_cfg keys"):
-        Tracker(tmp_path, {"wandb_mode": "disabled", "entity": "x"}, console=False, total_steps=1)
+        Tracker(tmp_path, {"wandb_mode": "disabled", "entity": "x"}, console="off", total_steps=1)
 
 
-def test_plain_line_per_step_when_not_a_terminal(tmp_path, capsys):
-    with Tracker(tmp_path, DISABLED, console=True, total_steps=2) as tracker:
+def test_a_line_per_step_with_the_last_eval_and_an_eta(tmp_path, capsys, monkeypatch):
+    clock = iter([100.0, 102.0, 106.0])  # the sink's monotonic clock at steps 0, 1, 2
+    monkeypatch.setattr("rlhf_dyna.tracking.console.time.monotonic", lambda: next(clock))
+    with Tracker(tmp_path, DISABLED, console="plain", total_steps=4) as tracker:
+        tracker.log(0, {"eval/accuracy": 0.25})
         tracker.log(1, {"reward/mean": 0.5, "actor/pg_loss": -0.012345, "reshard/x/seconds": 1.0})
         tracker.log(2, {"reward/mean": 0.625})
     out = capsys.readouterr().out.splitlines()
-    assert out == ["step 1/2 | reward/mean 0.5 | actor/pg_loss -0.01235", "step 2/2 | reward/mean 0.625"]
+    assert out == ["step 0/4 | eval/accuracy 0.25 (step 0)",
+                   "step 1/4 | reward/mean 0.5 | actor/pg_loss -0.01235 | eval/accuracy 0.25 (step 0) | eta 0:00:06",
+                   "step 2/4 | reward/mean 0.625 | eval/accuracy 0.25 (step 0) | eta 0:00:06"]
 
 
-def test_progress_bar_and_lines_on_a_terminal(tmp_path):
-    buffer = io.StringIO()
-    terminal = Console(file=buffer, force_terminal=True, width=100)
-    with Tracker(tmp_path, DISABLED, console=True, total_steps=4, rich_console=terminal) as tracker:
+def test_console_off_prints_nothing_and_modes_are_checked(tmp_path, capsys):
+    with Tracker(tmp_path, DISABLED, console="off", total_steps=2) as tracker:
         tracker.log(1, {"reward/mean": 0.5})
-        tracker.log(2, {"reward/mean": 0.75})
-    text = buffer.getvalue()
-    assert "step 2/4 | reward/mean 0.75" in text
-    assert "2/4" in text and "━" in text  # the bar, advanced to step 2
+    assert capsys.readouterr().out == ""
+    with pytest.raises(ValueError, match="console must be one of"):
+        Tracker(tmp_path, DISABLED, console=True, total_steps=2)
 
 
 def test_wandb_offline_run_holds_metrics_and_config(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))  # our dir= must win
-    wandb_cfg = OmegaConf.create({"wandb_mode": "offline", "project": "rlhf_test", "run_name": "t1", "console": True})
+    wandb_cfg = OmegaConf.create({"wandb_mode": "offline", "project": "rlhf_test", "run_name": "t1", "console": "progress"})
     run_config = {"algorithm": {"name": "grpo", "lr": 1e-4}}
-    tracker = Tracker(tmp_path, wandb_cfg, console=False, total_steps=2, run_config=run_config)
+    tracker = Tracker(tmp_path, wandb_cfg, console="off", total_steps=2, run_config=run_config)
     run_dir = tracker.wandb_run_dir
     tracker.log(1, {"reward/mean": 0.5, "timing_s/generation": 1.25})
     tracker.log(2, {"reward/mean": 0.75})

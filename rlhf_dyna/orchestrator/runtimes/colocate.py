@@ -14,6 +14,8 @@ import torch.distributed as dist
 
 from ...elastic.placement import WEIGHT_SYNC
 from ...parallel_layout import ParallelLayout, RolloutLayout, reached_by, switch_at
+from ...rollout.context_length import max_model_len
+from ...rollout.gpu_defaults import engine_args
 from ...rollout.vllm_engine import VLLMRollout
 from ...tracking.timeline import record_step_phases
 from ...train.mesh import build_mesh
@@ -21,7 +23,6 @@ from ...transition.relayout import layout_of, relayout
 from ...transition.syncs import make_sync
 from ...transition.vps_mover import least_moving_layout, make_vps_mover
 from ..build import build_actor, write_initial_checkpoint
-from ..run import rollout_dtype
 from ..step import mean_over_world, reshard_metrics
 from .base import Runtime
 
@@ -39,12 +40,17 @@ class ColocateRuntime(Runtime):
         self.model_dir = write_initial_checkpoint(run.source, self.actor, run.tokenizer, run.out_dir, info.node_rank,
                                                   info.local_rank)
         self.rollout = VLLMRollout(
-            str(self.model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
-            kv_cache_bytes=cfg.rollout.kv_cache_bytes, dtype=rollout_dtype(cfg), expert_parallel=cfg.rollout.expert_parallel,
+            str(self.model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
+            expert_parallel=cfg.rollout.expert_parallel, **engine_args(cfg, info.device.type, colocated=True),
         )
         self.recorder = self._recorder(WEIGHT_SYNC)
         # only the VPS executor has rounds to trace; naive's gathers are not traced
         self.sync = make_sync(cfg.rollout.sync, **({"recorder": self.recorder} if cfg.rollout.sync == "vps" else {}))
+
+    def generate(self, step: int) -> tuple[list, float]:
+        samples = super().generate(step)
+        self.rollout.sleep()  # CUDA: the GPU is training's until the sync wakes vLLM (no-op on the CPU)
+        return samples
 
     def before_step(self, step: int) -> dict[str, float]:
         """A layout switch of parallel.schedule (after a resume: the layout the schedule had reached)."""

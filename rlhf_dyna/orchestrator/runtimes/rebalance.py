@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ...config import Config
+from ...launch.threads import DeviceThread, EngineStop, joins_before_move
 from ...elastic.placement import ACTOR, CRITIC, REFERENCE, TRAIN_ACTOR
 from ...elastic.rebalance import Decision, RebalanceRule, Rebalancer, StepTimes, move_seconds, split_candidates
 from ...elastic.world_builder import WorldBuilder, mesh_key
@@ -121,7 +122,7 @@ class RebalanceRuntime(SplitRuntime):
             if self.rank == 0 else None
         self.engine_start_s = 0.0  # rank 0's engine start at the beginning of the run: predicts a joining one's
         self.move_bytes_per_s: float | None = None  # measured by the last move
-        self.stopping: list[threading.Thread] = []  # engines of this rank shutting down in the background
+        self.stopping: list[EngineStop] = []  # engines of this rank shutting down in the background
         self.skeletons: dict[tuple[int, str], TrainEngine] = {}  # (rollout ranks, role) -> destination built ahead
         self.preparing: threading.Thread | None = None
         self.prepare_error: BaseException | None = None
@@ -182,7 +183,7 @@ class RebalanceRuntime(SplitRuntime):
             except BaseException as err:  # surfaced by the move, on the main thread
                 self.prepare_error = err
 
-        self.preparing = threading.Thread(target=prepare, name="rlhf_dyna-move-prepare", daemon=True)
+        self.preparing = DeviceThread(prepare, "rlhf_dyna-move-prepare")  # on a GPU: this rank's device
         self.preparing.start()
 
     def _join_preparing(self) -> None:
@@ -282,10 +283,11 @@ class RebalanceRuntime(SplitRuntime):
         mesh = world.mesh(self.placements[target].slot(TRAIN_ACTOR, ACTOR).spec)
         generates, trains = new_rollout.holds(self.rank), self.rank in new.ranks
         leaving = self.rollout if self.rollout is not None and not generates else None
-        on_gpu = mesh.device_type != "cpu"
+        first = joins_before_move(mesh.device_type)  # a GPU's train engine wants the leaving engine's memory
         parts.update({STOP_S: 0.0, "rebalance/engine_start_seconds": 0.0, "rebalance/materialize_seconds": 0.0})
-        if leaving is not None and on_gpu:  # a GPU's train engine wants the engine's memory
+        if leaving is not None and first:
             parts[STOP_S] = self._stop_in_background(leaving)
+            self._join_stopping()  # its process, and its memory, gone before the destination allocates
         if leaving is not None:
             self.rollout = None
         src, dst = self._spec(old_rollout.size), self._spec(target)
@@ -315,7 +317,7 @@ class RebalanceRuntime(SplitRuntime):
         self.sync = SubsetSync(self.hf_config, dst, new_rollout.first_rank, new_rollout.size)
         joined = target > old_rollout.size
         parts["rebalance/resync_seconds"] = self.sync_weights()[f"{SYNC}/seconds"] if joined else 0.0
-        if leaving is not None and not on_gpu:  # the idle engine's shutdown overlaps the next step
+        if leaving is not None and not first:  # the idle engine's shutdown overlaps the next step
             parts[STOP_S] = self._stop_in_background(leaving)
         # no barrier: this rank goes on to the next step; the parts are reduced in the next after_step
         own = time.perf_counter() - t0
@@ -331,20 +333,16 @@ class RebalanceRuntime(SplitRuntime):
         Returns the seconds of handing it over to the thread."""
         t0 = time.perf_counter()
 
-        def stop() -> None:
-            wall, t = time.time(), time.perf_counter()
-            rollout.shutdown()  # local: its engine process and its shm file
+        def stopped(wall: float, seconds: float) -> None:
             if self.recorder is not None:
-                self.recorder.add(ENGINE_STOP_EVENT, 0, wall, time.perf_counter() - t, {})
+                self.recorder.add(ENGINE_STOP_EVENT, 0, wall, seconds, {})
 
-        thread = threading.Thread(target=stop, name="rlhf_dyna-engine-stop")
-        thread.start()
-        self.stopping.append(thread)
+        self.stopping.append(EngineStop(rollout, on_stopped=stopped))
         return time.perf_counter() - t0
 
     def _join_stopping(self) -> None:
-        for thread in self.stopping:
-            thread.join(timeout=120)
+        for stop in self.stopping:
+            stop.join(timeout=120)
         self.stopping.clear()
 
     def close(self, failed: bool) -> None:

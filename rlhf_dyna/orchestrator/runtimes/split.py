@@ -21,16 +21,18 @@ from ...elastic.placement import ACTOR, GENERATE, ROLLOUT, TRAIN_ACTOR
 from ...models.build import make_hf_config, save_hf_dir
 from ...models.meta_init import checkpoint_config
 from ...parallel_layout import ParallelLayout, RolloutLayout
+from ...rollout.context_length import max_model_len
+from ...rollout.gpu_defaults import engine_args
 from ...rollout.subset_engine import SubsetVLLMRollout
 from ...tracking.timeline import record_phase
 from ...train.engine import full_state_dict
 from ...train.mesh import build_mesh
 from ...transition.subset_sync import SubsetSync
+from ...transition.transport import world_device_type
 from ..batch import Sample
 from ..build import build_actor
 from ..phases import rollouts
 from ..placements import placement_of, split_placement
-from ..run import rollout_dtype
 from ..step import reshard_metrics
 from .base import Runtime
 
@@ -49,8 +51,8 @@ def split_layouts(cfg, rollout_ranks: int | None = None) -> tuple[ParallelLayout
 
 def start_engine(cfg, model_dir: Path, rank: int) -> SubsetVLLMRollout:
     """This rank's tp=1 engine (core in its own process), opened on the run's initial weights."""
-    return SubsetVLLMRollout(model_dir, seed=cfg.trainer.seed, max_model_len=cfg.model.max_position_embeddings,
-                             kv_cache_bytes=cfg.rollout.kv_cache_bytes, rank=rank, dtype=rollout_dtype(cfg))
+    return SubsetVLLMRollout(model_dir, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
+                             rank=rank, **engine_args(cfg, world_device_type(), colocated=False))
 
 
 class SplitRuntime(Runtime):
