@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import doc_tables
+from bench import doc_tables, elastic_tables
 from bench_report import markdown as reshard_markdown
 from bench_report import replace_table
 
@@ -50,6 +50,12 @@ TABLES: dict[str, dict[str, Callable[[], str]]] = {
     "docs/bench/tuning.md": {
         "lift": lambda: doc_tables.lift(BENCH),
         "compare_algos": lambda: doc_tables.compare_algos(BENCH),
+    },
+    "docs/elastic.md": {
+        "membership_planning": lambda: elastic_tables.membership_planning(BENCH),
+        "dry_run_grpo_70b": lambda: elastic_tables.elastic_dry_run(BENCH, "grpo_70b"),
+        "dry_run_ppo_235b_moe": lambda: elastic_tables.elastic_dry_run(BENCH, "ppo_235b_moe"),
+        "torchft_probe": lambda: elastic_tables.torchft_probe(BENCH),
     },
     "docs/bench/planning.md": {
         "bench_plan": lambda: doc_tables.planning(BENCH),

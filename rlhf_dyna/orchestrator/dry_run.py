@@ -16,6 +16,7 @@ from ..tasks.tokenizer import CharTokenizer
 from ..vps.cost import Cluster
 from ..vps.dryrun import Transition, summarize, write_summary
 from .build import model_source
+from .membership import membership_rows
 from .placements import placement_transitions
 
 
@@ -71,7 +72,8 @@ def print_table(recipe: str, rows: list[dict]) -> None:
 
 
 def run_dry_run(cfg: Config, out_dir: Path) -> list[dict]:
-    rows = summarize(model_catalog(cfg), recipe_transitions(cfg), cluster_of(cfg))
+    catalog, cluster = model_catalog(cfg), cluster_of(cfg)
+    rows = summarize(catalog, recipe_transitions(cfg), cluster) + membership_rows(cfg, catalog, cluster)
     print_table(cfg.recipe, rows)
     path = write_summary(rows, out_dir / "plan_summary.json")
     print(f"rlhf_dyna: dry run of {cfg.recipe}: {len(rows)} transition(s) planned, summary in {path}")
