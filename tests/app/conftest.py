@@ -1,0 +1,24 @@
+"""Runs of the real app that several end-to-end tests read: each run costs most of its time in rank start-up and
+vLLM's initialisation, so one run serves every test that can share its settings."""
+from __future__ import annotations
+
+from pathlib import Path
+from subprocess import CompletedProcess
+
+import pytest
+
+from tests.app.runs.test_recipes import run_app
+
+# grpo_tiny shortened, with tied embeddings and an export bound of ~60 KB per file (several safetensors files)
+GRPO_TINY = ["recipe=grpo_tiny", "rollout.sync=vps", "trainer.total_steps=2", "trainer.sft_warmup_steps=30",
+             "trainer.sft_batch_size=16", "task.prompts_per_step=8", "rollout.n=4", "task.eval_size=16", "task.eval_every=1",
+             "model.tie_word_embeddings=true", "trainer.export_max_shard_bytes=60000"]
+
+
+@pytest.fixture(scope="session")
+def grpo_tiny_run(tmp_path_factory) -> tuple[Path, CompletedProcess]:
+    """(run dir, the app's process): test_recipes checks what the run writes, test_policy_export its policy/."""
+    run_dir = tmp_path_factory.mktemp("grpo_tiny") / "run"
+    proc = run_app(*GRPO_TINY, f"hydra.run.dir={run_dir}", timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir, proc

@@ -1,0 +1,42 @@
+"""The KV minimum that checks/gpu.py names is the one vLLM 0.32 enforces: on the CPU with the tiny Llama of the
+default recipe, one byte less is refused at start-up and the minimum starts."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlhf_dyna.checks.gpu import kv_shape
+from rlhf_dyna.config import Config
+from rlhf_dyna.models.build import ModelSpec, build_policy, make_hf_config, save_hf_dir
+from rlhf_dyna.rollout.gpu_defaults import sequence_kv_bytes
+
+WORKER = Path(__file__).with_name("kv_probe_worker.py")
+REPO = Path(__file__).parents[3]
+
+
+def probe(nbytes: int, model_dir: Path) -> str:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(WORKER), str(nbytes), str(model_dir)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.timeout(600)
+def test_vllm_starts_at_the_named_minimum_and_not_below(tmp_path: Path) -> None:
+    cfg = Config()  # conf/model/tiny_llama.yaml: 2 layers, 2 KV heads of 32, fp32, max_model_len 64
+    cfg.model.vocab_size, cfg.model.hidden_size, cfg.model.intermediate_size = 32, 128, 512
+    m = cfg.model
+    spec = ModelSpec(arch=m.arch, vocab_size=m.vocab_size, hidden_size=m.hidden_size,
+                     intermediate_size=m.intermediate_size, num_hidden_layers=m.num_hidden_layers,
+                     num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_key_value_heads,
+                     max_position_embeddings=m.max_position_embeddings)
+    save_hf_dir(list(build_policy(spec, seed=0).state_dict().items()), make_hf_config(spec), tmp_path)
+    need = sequence_kv_bytes(kv_shape(cfg, "cpu"), m.max_position_embeddings, "cpu")
+    assert need == 262_144  # two 128-token blocks (the sequence's and the one vLLM keeps back) of 1 KiB a token
+    assert probe(need - 1, tmp_path).startswith("REFUSED")
+    assert probe(need, tmp_path) == "STARTED"
