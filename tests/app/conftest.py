@@ -7,7 +7,7 @@ from subprocess import CompletedProcess
 
 import pytest
 
-from tests.app.runs.test_recipes import run_app
+from tests.app.app_runs import run_app
 
 # grpo_tiny shortened, with tied embeddings and an export bound of ~60 KB per file (several safetensors files)
 GRPO_TINY = ["recipe=grpo_tiny", "rollout.sync=vps", "trainer.total_steps=2", "trainer.sft_warmup_steps=30",

@@ -7,11 +7,7 @@ import time
 
 import pytest
 
-
-def run_cli(*args: str, tmp_path, timeout: int = 60) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rlhf_dyna", *args, f"hydra.run.dir={tmp_path}/run", "tracking.wandb_mode=disabled"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-
+from tests.app.app_runs import run_cli
 
 CASES = [
     (["recipe=grpo_tin"], "Unknown recipe 'grpo_tin'. Did you mean 'grpo_tiny'?"),

@@ -1,4 +1,5 @@
-"""Launch and supervision with real processes: local spawning, failures, signals, /dev/shm, torchrun."""
+"""Launch and supervision with real processes: local spawning, failures, signals, /dev/shm, torchrun (the refusals
+before any process starts: tests/unit/launch/test_launch.py)."""
 from __future__ import annotations
 
 import json
@@ -11,19 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_dyna.launch import (
-    RANKS_PER_CORE_LIMIT,
-    SHM_DIR,
-    LaunchError,
-    check_capacity,
-    clean_shm_segments,
-    free_port,
-    init_distributed,
-    new_run_ident,
-    run_segments,
-    spawn_ranks,
-    usable_cores,
-)
+from rlhf_dyna.launch import SHM_DIR, free_port, new_run_ident, run_segments, spawn_ranks, usable_cores
 
 WORKERS = str(Path(__file__).with_name("workers.py"))
 REPO_ROOT = Path(__file__).parents[3]
@@ -135,21 +124,6 @@ def test_signal_to_launcher_stops_all(tmp_path: Path, sig: signal.Signals, expec
     _assert_no_traces(tmp_path)
 
 
-def test_clean_shm_segments_removes_only_this_runs() -> None:
-    ours, theirs = new_run_ident(), new_run_ident()
-    names = [f"{ours}-tp:0-[0-1]-cpushm_0", f"{ours}-tp:0-[0-1]-cpushm_1", f"{theirs}-tp:0-[0-1]-cpushm_0"]
-    for name in names:
-        (SHM_DIR / name).write_bytes(b"\0")
-    extra = SHM_DIR / f"psm_{ours[-8:]}"
-    extra.write_bytes(b"\0")
-    try:
-        assert sorted(clean_shm_segments(ours, [extra])) == sorted([*names[:2], extra.name])
-        assert [p.name for p in run_segments(theirs)] == [names[2]]
-        assert run_segments(ours) == []
-    finally:
-        clean_shm_segments(theirs)
-
-
 @pytest.mark.timeout(60)
 def test_pinned_ident_names_vllms_cpu_segments() -> None:
     """vLLM's CPU worker sets VLLM_DIST_IDENT to '//' before making its segments; ours must win."""
@@ -193,43 +167,6 @@ def test_two_node_rendezvous_on_loopback(tmp_path: Path) -> None:
     assert len({r["run_ident"] for r in results}) == 1, "ranks must agree on one shm name per run"
 
 
-def test_capacity_refuses_too_many_cpu_ranks() -> None:
-    limit = RANKS_PER_CORE_LIMIT * usable_cores()
-    check_capacity(limit, "cpu")
-    with pytest.raises(LaunchError, match=rf"world_size={limit + 1} .* Use world_size <= {limit}"):
-        check_capacity(limit + 1, "cpu")
-    with pytest.raises(LaunchError, match="world_size=0"):
-        check_capacity(0, "cpu")
-
-
-def test_capacity_refuses_what_memory_cannot_hold() -> None:
-    with pytest.raises(LaunchError, match=r"GiB is available; at most \d+ rank"):
-        check_capacity(2, "cpu", mem_per_rank_bytes=1 << 50)
-
-
-def test_capacity_refuses_more_ranks_than_gpus_and_unknown_devices() -> None:
-    import torch
-
-    gpus = torch.cuda.device_count()
-    with pytest.raises(LaunchError, match=rf"{gpus} GPU\(s\) are visible"):
-        check_capacity(gpus + 1, "cuda")
-    with pytest.raises(LaunchError, match="device='tpu'"):
-        check_capacity(1, "tpu")
-
-
-def test_spawn_refuses_before_spawning(tmp_path: Path) -> None:
-    start = time.monotonic()
-    with pytest.raises(LaunchError):
-        spawn_ranks(RANKS_PER_CORE_LIMIT * usable_cores() + 1, WORKERS, ["all_reduce", str(tmp_path)], tmp_path / "run")
-    assert time.monotonic() - start < 2
-    assert not (tmp_path / "run").exists()
-
-
-def test_fork_refuses_a_script_entry(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="runs a module"):
-        spawn_ranks(2, WORKERS, ["all_reduce", str(tmp_path)], tmp_path / "run", preload=("torch",))
-
-
 @pytest.mark.timeout(60)
 def test_forked_rank_exit_codes_and_output(tmp_path: Path) -> None:
     """sys.exit(3) is code 3, sys.exit("text") prints text and is 1, a kill by signal is 128 + N; output arrives."""
@@ -267,10 +204,3 @@ def test_ranks_are_forked_from_a_launcher_without_cuda(tmp_path: Path, monkeypat
     assert not torch.cuda.is_initialized()
     assert spawn_ranks(1, WORKERS_MODULE, ["cuda_state", str(tmp_path)], tmp_path / "run", preload=("torch",)) == 0
     assert json.loads((tmp_path / "cuda_state0.json").read_text()) == {"inherited_cuda_state": False, "forked": True}
-
-
-def test_init_distributed_outside_a_launch_says_how(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
-    with pytest.raises(LaunchError, match="torchrun"):
-        init_distributed()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.app.runs.test_recipes import assert_recipe_outputs, read_metrics, run_app
+from tests.app.app_runs import COMPARED, assert_recipe_outputs, read_metrics, run_app
 
 GRPO = [
     "recipe=grpo_tiny", "trainer.sft_warmup_steps=30", "trainer.sft_batch_size=16", "algorithm.kl_coef=0.05",
@@ -22,10 +22,9 @@ GRPO = [
     "task.prompts_per_step=8", "rollout.n=4", "task.partial_credit=true", "task.eval_size=16", "task.eval_every=2",
     "tracking.wandb_mode=disabled",
 ]
-# the naive sync and wandb (offline): this run also checks ppo_tiny's outputs (test_recipes.assert_recipe_outputs)
+# the naive sync and wandb (offline): this run also checks ppo_tiny's outputs (app_runs.assert_recipe_outputs)
 PPO = [*(a for a in GRPO if not a.startswith(("recipe=", "tracking.wandb_mode"))), "recipe=ppo_tiny",
        "algorithm.kl_in_reward=true", "rollout.sync=naive"]
-COMPARED = ("actor/", "critic/", "reward/", "response_length/", "eval/")
 RTOL = 1e-5
 
 

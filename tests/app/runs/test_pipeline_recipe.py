@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.app.runs.test_recipes import read_metrics, run_app
+from tests.app.app_runs import read_metrics, run_app
 
 RUN = ["recipe=grpo_tiny_pp", "trainer.total_steps=3", "trainer.sft_warmup_steps=4", "task.eval_size=16",
        "task.eval_every=1", "task.partial_credit=true", "tracking.wandb_mode=disabled"]

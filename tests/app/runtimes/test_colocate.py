@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.app.runs.test_recipes import read_metrics, run_app
+from tests.app.app_runs import read_metrics, run_app
 
 RUN = [
     "recipe=grpo_tiny", "trainer.total_steps=4", "trainer.sft_warmup_steps=20", "trainer.sft_batch_size=16",

@@ -23,8 +23,7 @@ import pytest
 
 from rlhf_dyna.elastic.faults import FAULT_ENV, FAULT_TEXT
 from rlhf_dyna.launch import run_segments
-from tests.app.runs.test_checkpoint_resume import COMPARED
-from tests.app.runs.test_recipes import read_metrics, run_app
+from tests.app.app_runs import COMPARED, read_metrics, run_app
 
 # no ratio, dual or value clip: each is a discontinuity in the gradient that round-off may cross (see above)
 NO_CLIP = ["algorithm.clip_eps_low=1.0", "algorithm.clip_eps_high=1e9", "algorithm.clip_ratio_c=0",

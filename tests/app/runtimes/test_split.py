@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.app.runtimes.test_lend import NO_CLIP, assert_same_metrics
-from tests.app.runs.test_recipes import read_metrics
+from tests.app.app_runs import read_metrics
 
 GRPO4 = [  # 12 prompts and 12 eval examples divide over 1, 2, 3 and 4 rollout ranks; 48 rows over dp 1, 2, 3 and 4
     "recipe=grpo_tiny", "parallel.world_size=4", "trainer.sft_warmup_steps=30", "trainer.sft_batch_size=16",

@@ -1,5 +1,6 @@
-"""docs/extending.md, followed step by step: a toy advantage estimator, a toy architecture and a toy placement policy,
-each added through its documented steps only (a function or class and its registration), then used for real."""
+"""docs/extending.md, followed step by step: a toy architecture and a toy placement policy, each added through its
+documented steps only (a class and its registration), then used for real on gloo ranks (the toy advantage estimator:
+tests/unit/extending/test_extending.py)."""
 from __future__ import annotations
 
 import json
@@ -10,9 +11,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from rlhf_dyna.algos.estimators import ESTIMATORS, SEQUENCE, register_estimator
-from rlhf_dyna.algos.grpo import group_advantages
-from rlhf_dyna.checks import ConfigError, check_config
+from rlhf_dyna.checks import check_config
 from rlhf_dyna.config import Config
 from rlhf_dyna.elastic.policies import POLICIES, colocate, register_policy
 from rlhf_dyna.models.architectures import ARCHITECTURES, Architecture, register_architecture
@@ -26,28 +25,6 @@ from rlhf_dyna.transition.relayout import relayout
 from rlhf_dyna.transition.vps_mover import make_vps_mover
 from tests.ranks.tiny_models import random_batch
 from tests.multirank import run_ranks
-
-
-# --- an advantage estimator: one function and its registration ------------------------------------------------------
-def sign_advantages(rewards: torch.Tensor, n: int, alg) -> torch.Tensor:
-    """+1 above the prompt's mean reward, -1 below, 0 at it."""
-    return torch.sign(group_advantages(rewards, n, norm_by_std=False))
-
-
-def register_sign() -> None:
-    register_estimator("sign", SEQUENCE, group_baseline=True)(sign_advantages)
-
-
-def test_a_toy_estimator_is_one_function_and_its_registration():
-    register_sign()
-    cfg = Config()
-    cfg.algorithm.adv_estimator, cfg.dry_run = "sign", True
-    check_config(cfg)  # the checks know it from its registration
-    cfg.rollout.n = 1
-    with pytest.raises(ConfigError, match="adv_estimator=sign with rollout.n=1"):
-        check_config(cfg)  # group_baseline=True: it needs other samples of the prompt
-    est = ESTIMATORS["sign"]
-    assert est.fn(torch.tensor([1.0, 0.0, 3.0, 3.0]), 2, cfg.algorithm).tolist() == [1.0, -1.0, 0.0, 0.0]
 
 
 # --- an architecture: one entry of the table ------------------------------------------------------------------------

@@ -99,22 +99,3 @@ def test_four_ranks_tied_bf16_multi_file_dp_x_tp(checkpoints):
 
 def test_two_ranks_qwen2_biases_tp(checkpoints):
     run_ranks(_check_layouts, 2, checkpoints["qwen2"], [(1, 2, 3)], False, torch.float32)
-
-
-def test_vllm_opens_model_path_itself(tmp_path):
-    """With a checkpoint, the directory vLLM opens is model.path: no gather (no actor needed), nothing written."""
-    from rlhf_dyna.orchestrator.build import write_initial_checkpoint
-
-    model_dir = write_initial_checkpoint(str(tmp_path / "ckpt"), None, None, tmp_path / "out", 0, 0)
-    assert model_dir == tmp_path / "ckpt" and not (tmp_path / "out").exists()
-
-
-def test_checkpoint_without_safetensors_is_refused_before_spawn(tmp_path):
-    from rlhf_dyna.checks import ConfigError
-    from rlhf_dyna.checks.resources import check_resources
-
-    (tmp_path / "config.json").write_text("{}")
-    cfg = Config()
-    cfg.model.path = str(tmp_path)
-    with pytest.raises(ConfigError, match="has no safetensors weights"):
-        check_resources(cfg, under_torchrun=False)

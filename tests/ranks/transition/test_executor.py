@@ -14,25 +14,16 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from transformers import Qwen3Config
 
-from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.transition.executor import execute, prepare
 from rlhf_dyna.transition.trace import TraceRecorder
 from rlhf_dyna.transition.verify import TransitionMismatch, check_destination, source_sums
-from rlhf_dyna.transition.views import TORCH_DTYPES, dst_view
+from rlhf_dyna.transition.views import dst_view
 from rlhf_dyna.transition.vps_plans import without_copies
 from rlhf_dyna.vps.adopt import adoptable
-from rlhf_dyna.vps.layout import Layout, build_layout
-from rlhf_dyna.vps.plan import build_plan
 from rlhf_dyna.vps.rank_plan import for_rank
-from rlhf_dyna.vps.schedule import build_schedule
 from rlhf_dyna.vps.spec import ParallelSpec, Phase
-
-# tp=2 > num_kv_heads=1 (KV replication in the rollout layout); vocab 70 -> padded 128; odd FSDP chunks.
-CONFIG = Qwen3Config(hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=1, head_dim=4, vocab_size=70, tie_word_embeddings=False)
-CONFIGS = {"kv1": CONFIG, "kv2": Qwen3Config(**{**CONFIG.to_dict(), "num_key_value_heads": 2})}  # train TP needs tp | kv heads
+from tests.seeded_transition import expect_destination, seeded_transition
 
 
 def _free_port() -> int:
@@ -56,46 +47,6 @@ def run_ranks(fn: Callable, world: int, *args) -> None:
     mp.start_processes(_rank_main, args=(world, _free_port(), fn, args), nprocs=world, join=True, start_method="forkserver")
 
 
-def logical_state(layout: Layout, seed: int = 0) -> dict[tuple[str, str], torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {(e.tensor.name, e.tensor.kind.value): torch.randn(e.tensor.shape, generator=g) for e in layout.entries}
-
-
-def local_buffers(layout: Layout, state, rank: int, fill: bool) -> dict[str, torch.Tensor]:
-    """This rank's buffers (shaped as the layout says); filled from the logical state or zero."""
-    bufs = {n: torch.zeros(b.shape, dtype=TORCH_DTYPES[b.dtype]) for n, b in layout.buffers(rank).items()}
-    if fill:
-        for p in layout.pieces(rank):
-            flat = bufs[p.buffer].view(-1)
-            flat.as_strided(p.box.shape, p.strides, p.offset).copy_(state[(p.tensor.name, p.tensor.kind.value)][_box(p.box)])
-    return bufs
-
-
-def _box(box) -> tuple[slice, ...]:
-    return tuple(slice(a, b) for a, b in zip(box.lo, box.hi))
-
-
-def expect_destination(layout: Layout, state, rank: int, bufs: dict[str, torch.Tensor]) -> None:
-    """Every piece equals the logical state (in the destination dtype); bytes outside pieces stay zero."""
-    covered = {n: torch.zeros(b.numel(), dtype=torch.bool) for n, b in bufs.items()}
-    for p in layout.pieces(rank):
-        got = bufs[p.buffer].view(-1).as_strided(p.box.shape, p.strides, p.offset)
-        want = state[(p.tensor.name, p.tensor.kind.value)][_box(p.box)].to(got.dtype)
-        assert torch.equal(got, want), f"rank {rank}: {p.tensor.name}/{p.tensor.kind.value} {p.box} differs"
-        covered[p.buffer].as_strided(p.box.shape, p.strides, p.offset).fill_(True)
-    for n, mask in covered.items():
-        assert not bufs[n].view(-1)[~mask].any(), f"rank {rank}: {n} written outside its pieces (vocab padding?)"
-
-
-def _transition(rank: int, src_spec: ParallelSpec, dst_spec: ParallelSpec, budget: int, dst_param_dtype: str = "float32",
-                config: str = "kv2"):
-    src = build_layout(catalog_from_config(CONFIGS[config], "float32", "float32"), src_spec)
-    dst = build_layout(catalog_from_config(CONFIGS[config], dst_param_dtype, "float32"), dst_spec)
-    schedule = build_schedule(build_plan(src, dst, ranks_per_node=8), budget)
-    state = logical_state(src)
-    return src, dst, schedule, state, local_buffers(src, state, rank, True), local_buffers(dst, state, rank, False)
-
-
 def sum_over_ranks(value: int) -> int:
     t = torch.tensor([value], dtype=torch.int64)
     dist.all_reduce(t)
@@ -104,7 +55,7 @@ def sum_over_ranks(value: int) -> int:
 
 def _move_and_check(rank: int, world: int, src_spec: ParallelSpec, dst_spec: ParallelSpec, budget: int,
                     dst_param_dtype: str, min_rounds: int, config: str = "kv2") -> None:
-    src, dst, schedule, state, src_bufs, dst_bufs = _transition(rank, src_spec, dst_spec, budget, dst_param_dtype, config)
+    src, dst, schedule, state, src_bufs, dst_bufs = seeded_transition(rank, src_spec, dst_spec, budget, dst_param_dtype, config)
     plan = for_rank(schedule, rank)
     largest = max((t.nbytes for s in plan.recvs.values() for t in s.transfers), default=0)
     # one round at a time, then gloo's windows: consecutive rounds together while their staging fits the budget
@@ -143,7 +94,7 @@ def test_three_ranks_zero3_to_zero1_and_to_rollout_replicas():
 
 
 def _detect_corruption(rank: int, world: int) -> None:
-    src, dst, schedule, state, src_bufs, dst_bufs = _transition(rank, ParallelSpec(dp=2), ParallelSpec(dp=1, tp=2), 1 << 20)
+    src, dst, schedule, state, src_bufs, dst_bufs = seeded_transition(rank, ParallelSpec(dp=2), ParallelSpec(dp=1, tp=2), 1 << 20)
     plan = for_rank(schedule, rank)
     sums = source_sums(plan, src_bufs)
     execute(plan, src_bufs, dst_bufs)
@@ -163,7 +114,7 @@ def test_verification_names_the_first_wrong_piece_on_every_rank():
 
 
 def _release_early(rank: int, world: int) -> None:
-    src, dst, schedule, state, src_bufs, dst_bufs = _transition(rank, ParallelSpec(dp=2), ParallelSpec(dp=1, tp=2), 256)
+    src, dst, schedule, state, src_bufs, dst_bufs = seeded_transition(rank, ParallelSpec(dp=2), ParallelSpec(dp=1, tp=2), 256)
     plan = for_rank(schedule, rank)
     recorder = TraceRecorder(rank)
     released_in_round: dict[str, int] = {}
@@ -189,7 +140,7 @@ def _adopt_kept_shards(rank: int, world: int) -> None:
     """dp2 -> tp2 keeps every column-parallel shard and (FSDP on dim 1) every row-parallel one on its rank: those
     destinations take over the source storage (no copy), the norms (sharded -> replicated) still arrive, adopted
     sources are never released, and every element is right."""
-    src, dst, schedule, state, src_bufs, dst_bufs = _transition(rank, ParallelSpec(dp=2), ParallelSpec(dp=1, tp=2), 1024)
+    src, dst, schedule, state, src_bufs, dst_bufs = seeded_transition(rank, ParallelSpec(dp=2), ParallelSpec(dp=1, tp=2), 1024)
     prepared = prepare(for_rank(schedule, rank))
     adopted = adoptable(prepared.plan, src.buffers(rank), dst.buffers(rank))
     assert 0 < len(adopted) < len(dst_bufs)
@@ -214,26 +165,3 @@ def _adopt_kept_shards(rank: int, world: int) -> None:
 @pytest.mark.timeout(90)
 def test_in_place_adopts_shards_that_stay():
     run_ranks(_adopt_kept_shards, 2)
-
-
-def test_gloo_packs_first_for_the_peers_with_most_to_receive():
-    """Receivers that get the most bytes set a transition's end: a sender packs for them first."""
-    _, _, schedule, _, _, _ = _transition(0, ParallelSpec(dp=4), ParallelSpec(dp=2, tp=2, tp_outer=True), 1 << 20)
-    received = [int(b) for b in schedule.plan.pair_bytes().sum(axis=0)]
-    for rank in range(4):
-        plan = for_rank(schedule, rank)
-        order = prepare(plan, received_by_rank=received).send_order
-        assert sorted(order) == sorted(plan.sends)
-        assert [received[p] for p in order] == sorted((received[p] for p in plan.sends), reverse=True)
-    assert len(set(received)) > 1  # the loads differ, so the order is not the default one by accident
-
-
-def test_gloo_senders_with_equal_loads_start_with_different_peers():
-    """Equal loads: each rank packs for the peers after it first (rank + 1, rank + 2, ... mod world), so the first
-    messages of the senders spread over the receivers instead of all going to the lowest rank."""
-    _, _, schedule, _, _, _ = _transition(0, ParallelSpec(dp=4), ParallelSpec(dp=2, tp=2), 1 << 20)
-    equal = [1, 1, 1, 1]
-    orders = {rank: prepare(for_rank(schedule, rank), received_by_rank=equal).send_order for rank in range(4)}
-    for rank, order in orders.items():
-        assert list(order) == sorted(order, key=lambda peer: (peer - rank) % 4)
-    assert orders[1] == (2, 0) and orders[2] == (3, 1)  # by peer number both would start with the lower one

@@ -1,36 +1,13 @@
-"""The transport of a transition is the world's, chosen once (transition/transport.py); every buffer must live on its
-device, and a group's first NCCL call is a warm-up that every member joins (logic run here on gloo ranks)."""
+"""A group's first NCCL call is a warm-up that every member joins (logic run here on gloo ranks; the transport's choice
+and its device check: tests/unit/transition/test_transport.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from rlhf_dyna.transition.executor import execute
-from rlhf_dyna.transition.transport import (
-    GLOO, NCCL, ensure_warm, transport_of_backend, warm_up, wire_device, world_device_type, world_transport,
-)
-from rlhf_dyna.vps.rank_plan import for_rank
-from rlhf_dyna.vps.spec import ParallelSpec, Phase
-from tests.ranks.transition.test_executor import _transition, run_ranks
-
-
-def test_transport_follows_the_world_backend() -> None:
-    assert transport_of_backend("gloo") == GLOO
-    assert transport_of_backend("cpu:gloo,cuda:nccl") == NCCL  # what launch.rank sets on a CUDA rank
-    assert transport_of_backend("nccl") == NCCL
-    assert wire_device(GLOO) == torch.device("cpu")
-
-
-def test_a_buffer_off_the_transports_device_is_refused_before_anything_moves() -> None:
-    """A rank whose destination sits elsewhere than the world's transport expects (the split sync's CPU buffers on an
-    NCCL world) would post receives no peer matches; the executor refuses it with a sentence instead."""
-    _, _, schedule, _, src, dst = _transition(0, ParallelSpec(dp=1), ParallelSpec(Phase.ROLLOUT, tp=1), 1 << 20)
-    name = next(iter(dst))
-    dst[name] = torch.empty(dst[name].shape, dtype=dst[name].dtype, device="meta")
-    with pytest.raises(ValueError, match=rf"destination buffer {name!r} .* is on meta but this world's transport moves "
-                                         r"cpu tensors"):
-        execute(for_rank(schedule, 0), src, dst, transport=GLOO)
+from rlhf_dyna.transition.transport import GLOO, ensure_warm, warm_up, world_device_type, world_transport
+from tests.ranks.transition.test_executor import run_ranks
 
 
 def _warm_once(rank: int, world: int) -> None:

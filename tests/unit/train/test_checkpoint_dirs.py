@@ -1,11 +1,10 @@
-"""Which checkpoint a resume takes, and the errors for one that cannot be resumed: before any rank spawns, naming
-what is missing and the complete checkpoints there are; nothing on disk is changed by a refused resume."""
+"""Which checkpoint a resume takes, and the errors for one that cannot be resumed: naming what is missing and the
+complete checkpoints there are; nothing on disk is changed by a refused resume (the app refusing before any rank
+spawns: tests/app/train/test_checkpoint_dirs.py)."""
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -61,20 +60,3 @@ def test_prune_keeps_the_newest_complete_ones(tmp_path):
     make_step(ckpts, 4, complete=False)
     prune(ckpts, keep=2)
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_2", "step_3", "step_4"]  # an incomplete step_N: evidence
-
-
-def test_app_refuses_an_incomplete_checkpoint_before_spawning(tmp_path):
-    run_dir = tmp_path / "run"
-    ckpts = run_dir / "checkpoints"
-    make_step(ckpts, 3), make_step(ckpts, 5, complete=False)
-    (run_dir / "metrics.jsonl").write_text('{"step": 3}\n')
-    cmd = [sys.executable, "-m", "rlhf_dyna", "trainer.total_steps=8", f"trainer.resume={ckpts / 'step_5'}",
-           f"hydra.run.dir={run_dir}", "tracking.wandb_mode=disabled"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "incomplete checkpoint (missing COMPLETE)" in proc.stderr and str(ckpts / "step_3") in proc.stderr
-    assert "local ranks" not in proc.stdout  # nothing spawned
-    assert (run_dir / "metrics.jsonl").read_text() == '{"step": 3}\n' and (ckpts / "step_5").is_dir()
-    proc = subprocess.run([*cmd[:4], "trainer.total_steps=3", f"trainer.resume={ckpts}", *cmd[5:]],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "leaves nothing to run" in proc.stderr, proc.stderr

@@ -1,4 +1,5 @@
-"""Chrome trace writer: the JSON Perfetto opens, from one recorder and gathered from real gloo ranks."""
+"""Chrome trace writer: the JSON Perfetto opens, from one recorder (gathered from real gloo ranks:
+tests/ranks/transition/test_trace.py)."""
 from __future__ import annotations
 
 import json
@@ -6,10 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch.distributed as dist
 
-from rlhf_dyna.transition.trace import TraceEvent, TraceRecorder, chrome_trace, gather_trace, write_chrome_trace
-from tests.multirank import run_ranks
+from rlhf_dyna.transition.trace import TraceEvent, TraceRecorder, chrome_trace, write_chrome_trace
 
 
 def test_chrome_trace_has_one_complete_event_per_round_per_rank_in_microseconds(tmp_path: Path) -> None:
@@ -37,25 +36,6 @@ def test_recorder_span_times_the_block_and_keeps_late_args() -> None:
     assert event.rank == 3 and event.round == 0 and event.duration_s >= 0.02
     assert event.args == {"peer": 1, "bytes_received": 1024}
     assert chrome_trace([])["traceEvents"] == []
-
-
-def _gather(rank: int, world: int, out: str) -> None:
-    recorder = TraceRecorder(rank)
-    for rnd in range(rank + 1):  # ranks record different numbers of rounds
-        with recorder.span("x", rnd):
-            pass
-    events = gather_trace(recorder)
-    assert (len(events) == world * (world + 1) // 2) if rank == 0 else events == []
-    if rank == 0:
-        write_chrome_trace(events, out)
-    dist.barrier()
-
-
-@pytest.mark.timeout(120)
-def test_gather_trace_collects_every_rank_on_rank0(tmp_path: Path) -> None:
-    run_ranks(_gather, 3, str(tmp_path / "trace.json"))
-    spans = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"] if e["ph"] == "X"]
-    assert sorted((e["pid"], e["args"]["round"]) for e in spans) == [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1), (2, 2)]
 
 
 def test_recorder_keeps_only_the_first_transitions_of_a_bounded_name() -> None:
