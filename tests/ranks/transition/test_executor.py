@@ -5,15 +5,9 @@ the executor's verification mode is on, and byte counts are compared with the pl
 """
 from __future__ import annotations
 
-import multiprocessing
-import os
-import socket
-from collections.abc import Callable
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rlhf_dyna.transition.executor import execute, prepare
 from rlhf_dyna.transition.trace import TraceRecorder
@@ -23,28 +17,8 @@ from rlhf_dyna.transition.vps_plans import without_copies
 from rlhf_dyna.vps.adopt import adoptable
 from rlhf_dyna.vps.rank_plan import for_rank
 from rlhf_dyna.vps.spec import ParallelSpec, Phase
+from tests.multirank import run_ranks
 from tests.seeded_transition import expect_destination, seeded_transition
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(rank: int, world: int, port: int, fn: Callable, args: tuple) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        fn(rank, world, *args)
-    finally:
-        dist.destroy_process_group()
-
-
-def run_ranks(fn: Callable, world: int, *args) -> None:
-    multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "transformers", "rlhf_dyna.transition.executor"])
-    mp.start_processes(_rank_main, args=(world, _free_port(), fn, args), nprocs=world, join=True, start_method="forkserver")
 
 
 def sum_over_ranks(value: int) -> int:

@@ -23,7 +23,8 @@ from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.vps.cache import cached_plan
 from rlhf_dyna.vps.spec import ParallelSpec
 from tests.ranks.tiny_models import nll_loss, random_batch, tiny_spec
-from tests.ranks.transition.test_executor import run_ranks, sum_over_ranks
+from tests.multirank import run_ranks
+from tests.ranks.transition.test_executor import sum_over_ranks
 
 
 def _trained(world: int, dp: int, tp: int, tie: bool = False) -> TrainEngine:

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from rlhf_dyna.transition.transport import GLOO, ensure_warm, warm_up, world_device_type, world_transport
-from tests.ranks.transition.test_executor import run_ranks
+from tests.multirank import run_ranks
 
 
 def _warm_once(rank: int, world: int) -> None:
