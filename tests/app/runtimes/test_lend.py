@@ -11,7 +11,6 @@ tokens of 73 flip in vf_clipfrac at step 2; a local run, one token at step 2, th
 step 3). A rank that fails during a placement change stops the run cleanly."""
 from __future__ import annotations
 
-import math
 import os
 import re
 import signal
@@ -23,11 +22,9 @@ import pytest
 
 from rlhf_dyna.elastic.faults import FAULT_ENV, FAULT_TEXT
 from rlhf_dyna.launch import run_segments
-from tests.app.app_runs import COMPARED, read_metrics, run_app
+from tests.app.app_runs import read_metrics, run_app
+from tests.app.runtimes.placed_runs import NO_CLIP, assert_same_metrics
 
-# no ratio, dual or value clip: each is a discontinuity in the gradient that round-off may cross (see above)
-NO_CLIP = ["algorithm.clip_eps_low=1.0", "algorithm.clip_eps_high=1e9", "algorithm.clip_ratio_c=0",
-           "algorithm.vf_clip=1e9"]
 PPO4 = [
     "recipe=ppo_tiny", "parallel.world_size=4", "trainer.sft_warmup_steps=30", "trainer.sft_batch_size=16",
     "trainer.precision=fp32",
@@ -37,21 +34,6 @@ PPO4 = [
 ]
 MOVES = [f"reshard/{role}/{change}" for role in ("actor", "critic") for change in ("prepare_to_train_actor",
                                                                                     "train_critic_to_generate")]
-
-
-# means of O(1) terms that cancel to ~0: PPO's pg_loss near ratio 1 is minus the mean of whitened advantages
-CANCELLING = {"actor/pg_loss": 1e-5}  # rtol times the terms' scale (seen: -1.56e-6 colocate, 1.1e-7 lend)
-
-
-def assert_same_metrics(expected: list[dict], got: list[dict], rtol: float = 1e-5, atol: float = 1e-6) -> None:
-    """Relative 1e-5; atol only for values that are 0 but for round-off, wider for the CANCELLING ones."""
-    assert [r["step"] for r in got] == [r["step"] for r in expected]
-    for want, row in zip(expected, got):
-        keys = sorted(k for k in want if k.startswith(COMPARED))
-        assert keys == sorted(k for k in row if k.startswith(COMPARED)), row["step"]
-        for key in keys:
-            tol = CANCELLING.get(key, atol)
-            assert math.isclose(row[key], want[key], rel_tol=rtol, abs_tol=tol), (row["step"], key, want[key], row[key])
 
 
 def run_ok(run_dir: Path, *args: str) -> list[dict]:

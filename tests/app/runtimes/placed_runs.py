@@ -1,0 +1,57 @@
+"""What the runtime tests share: runs of the app on 4 ranks whose every process carries a mark (so none may outlive
+the run), the settings that keep a placement's runs comparable with colocate's, and that comparison."""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.app.app_runs import COMPARED, read_metrics
+from tests.app.marked_processes import MARK, marked_processes
+
+# no ratio, dual or value clip: each is a discontinuity in the gradient that round-off may cross (test_lend.py)
+NO_CLIP = ["algorithm.clip_eps_low=1.0", "algorithm.clip_eps_high=1e9", "algorithm.clip_ratio_c=0",
+           "algorithm.vf_clip=1e9"]
+GRPO4 = [  # 12 prompts and 12 eval examples divide over 1, 2, 3 and 4 rollout ranks; 48 rows over dp 1, 2, 3 and 4
+    "recipe=grpo_tiny", "parallel.world_size=4", "trainer.sft_warmup_steps=30", "trainer.sft_batch_size=16",
+    "trainer.precision=fp32",
+    "task.prompts_per_step=12", "rollout.n=4", "task.partial_credit=true", "task.eval_size=12", "task.eval_every=2",
+    "trainer.total_steps=3", "algorithm.mini_batches=2", "algorithm.epochs=2", "algorithm.micro_batch_size=4",
+    "algorithm.kl_coef=0.02",
+    "trainer.save_last=false", "trainer.export_policy=false", "tracking.wandb_mode=disabled", *NO_CLIP,
+]
+SYNC = "reshard/actor/train_actor_to_generate"  # the actor's weights from the train set to the rollout set
+# means of O(1) terms that cancel to ~0: PPO's pg_loss near ratio 1 is minus the mean of whitened advantages
+CANCELLING = {"actor/pg_loss": 1e-5}  # rtol times the terms' scale (seen: -1.56e-6 colocate, 1.1e-7 lend)
+
+
+def assert_same_metrics(expected: list[dict], got: list[dict], rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """Relative 1e-5; atol only for values that are 0 but for round-off, wider for the CANCELLING ones."""
+    assert [r["step"] for r in got] == [r["step"] for r in expected]
+    for want, row in zip(expected, got):
+        keys = sorted(k for k in want if k.startswith(COMPARED))
+        assert keys == sorted(k for k in row if k.startswith(COMPARED)), row["step"]
+        for key in keys:
+            tol = CANCELLING.get(key, atol)
+            assert math.isclose(row[key], want[key], rel_tol=rtol, abs_tol=tol), (row["step"], key, want[key], row[key])
+
+
+def weight_files() -> set[str]:
+    return {p.name for p in Path("/dev/shm").iterdir() if "-weights-" in p.name}
+
+
+def run(run_dir: Path, *args: str) -> list[dict]:
+    """The app in run_dir, every process of it marked with run_dir; its metrics rows."""
+    env = dict(os.environ, **{MARK: str(run_dir)})
+    cmd = [sys.executable, "-m", "rlhf_dyna", *args, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return read_metrics(run_dir)
+
+
+def kill_marked(run_dir: Path) -> None:
+    for pid in marked_processes(str(run_dir)):  # a timeout kills only the launcher
+        os.kill(pid, signal.SIGKILL)
