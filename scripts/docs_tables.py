@@ -4,7 +4,7 @@
     python scripts/docs_tables.py --check   # change nothing; exit 1 naming each table that differs from its JSON
 
 A table sits between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in its page; the text around it is prose.
-tests/bench/test_docs_tables.py runs the check, so a page cannot drift from the data it cites.
+tests/unit/bench/test_docs_tables.py runs the check, so a page cannot drift from the data it cites.
 """
 from __future__ import annotations
 

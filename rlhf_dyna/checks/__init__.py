@@ -7,7 +7,7 @@ from .algorithm import check_algorithm
 from .context import check_lengths
 from .data import check_data
 from .elastic import check_elastic
-from .errors import ConfigError
+from ..errors import ConfigError
 from .gpu import check_gpu
 from .layouts import check_layouts, check_runs_live
 from .model_files import check_weight_files

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..algos.estimators import ESTIMATORS, SEQUENCE
 from ..config import Config
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def check_algorithm(cfg: Config, error: type[Exception] = ConfigError) -> None:

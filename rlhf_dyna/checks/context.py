@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..config import Config
 from ..rollout.context_length import max_model_len
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def _positions_source(cfg: Config) -> str:

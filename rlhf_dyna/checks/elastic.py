@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..config import Config
 from ..elastic.events import EventError
 from ..orchestrator.membership import membership_worlds
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def check_elastic(cfg: Config) -> None:

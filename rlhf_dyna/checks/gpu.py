@@ -19,7 +19,7 @@ from ..launch.host import visible_gpu_count
 from ..models.catalog import catalog_from_config
 from ..rollout.context_length import max_model_len
 from ..rollout.gpu_defaults import DTYPE_BYTES, KV_BLOCK_TOKENS, KvShape, rollout_dtype, sequence_kv_bytes
-from .errors import ConfigError
+from ..errors import ConfigError
 
 GIB = 2**30
 

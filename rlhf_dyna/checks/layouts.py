@@ -8,7 +8,7 @@ from pathlib import Path
 from ..config import Config, ModelConfig
 from ..models.architectures import live_architectures
 from ..parallel_layout import LayoutError, ParallelLayout, divisors
-from .errors import ConfigError
+from ..errors import ConfigError
 from .moe import MoeConfigError, check_moe_live, is_moe
 from .pipeline import pipeline_problems
 from .resources import cuda_device_count

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 INDEX = "model.safetensors.index.json"
 

@@ -10,7 +10,7 @@ import difflib
 from importlib import resources
 
 from ..config import Config
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # the config groups under conf/: the Config fields that have a folder of options there, and the recipes
 GROUPS = tuple(sorted(f.name for f in dataclasses.fields(Config)

@@ -6,7 +6,7 @@ from ..elastic.placement import ROLLOUT, Placement, RankSet
 from ..elastic.rebalance import describe_invalid, split_candidates
 from ..elastic.validate import PlacementError
 from ..orchestrator.placements import placement_of, split_shape
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def check_rebalance(cfg: Config) -> None:

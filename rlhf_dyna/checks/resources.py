@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..launch.host import visible_gpu_count
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def cuda_device_count() -> int:

@@ -6,7 +6,7 @@ from ..algos.losses import POLICY_LOSSES
 from ..config import Config
 from ..models.architectures import live_architectures
 from ..tracking.console import CONSOLE_MODES
-from .errors import ConfigError
+from ..errors import ConfigError
 
 CHOICES = {
     "algorithm.name": ("grpo", "ppo"),

@@ -2,7 +2,7 @@
 
     RLHF_DYNA_FAULT_AT="reshard/critic/prepare_to_train_actor@3"   # rank 3 raises right before that change
 
-The launcher must then stop every rank and clean up, as for any other failing rank (tests/elastic)."""
+The launcher must then stop every rank and clean up, as for any other failing rank (tests/app/runtimes/test_lend.py)."""
 from __future__ import annotations
 
 import os

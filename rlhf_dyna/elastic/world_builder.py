@@ -9,7 +9,7 @@ Group creation is collective over the world (every rank calls it, members or not
 only this thread may create groups while it runs; the main thread keeps running collectives on groups
 that already exist. On gloo a new group rendezvouses through the store only (no collective on another
 group), which is why building it concurrently with the main thread's collectives is safe
-(tests/elastic/test_world_builder.py checks it on 4 ranks).
+(tests/ranks/elastic/test_world_builder.py checks it on 4 ranks).
 
 On NCCL the builder works on the caller's thread, before `start` returns (`builds_in_background`). A CUDA rank binds
 its device to the default group (launch/rank.py passes `device_id`), and torch then creates every new group's

@@ -16,7 +16,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhf_dyna.checks.errors import ConfigError
+from rlhf_dyna.errors import ConfigError
 from rlhf_dyna.launch.output import kept_console, log_dir
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from transformers import AutoConfig, PretrainedConfig
 
-from ..checks.errors import ConfigError
+from ..errors import ConfigError
 from ..config import Config, ModelConfig
 from ..rollout.context_length import max_model_len
-from .architectures import ARCHITECTURES
+from .architectures import ARCHITECTURES, live_architectures
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # model.dtype's choices
 
@@ -31,17 +31,20 @@ def read_checkpoint_config(path: str) -> PretrainedConfig:
         ) from err
 
 
-def fill_model_fields(model: ModelConfig) -> None:
+def fill_model_fields(model: ModelConfig, live: bool = True) -> None:
     """Overwrite `model`'s architecture fields with those of `model.path`'s config.json (nothing without a path, or
     without a config.json: check_resources says that one). The checkpoint, not the config group, decides them."""
     if model.path is None or not (Path(model.path) / "config.json").is_file():
         return
     config = read_checkpoint_config(model.path)
-    if config.model_type not in ARCHITECTURES:
+    known = live_architectures() if live else list(ARCHITECTURES)
+    if config.model_type not in known:
         raise ConfigError(
-            f"model.path={model.path} holds a {config.model_type!r} model (config.json model_type), which is not in "
-            f"rlhf_dyna's architecture table ({', '.join(ARCHITECTURES)}). Use a checkpoint of one of those "
-            f"architectures, or add an entry to rlhf_dyna/models/architectures.py (docs/extending.md)."
+            f"model.path={model.path} holds a {config.model_type!r} model (config.json model_type); "
+            f"{'live runs support' if live else 'the dry run plans'} {', '.join(known)} "
+            f"(rlhf_dyna/models/architectures.py). Use a checkpoint of one of those architectures"
+            + (", plan it with dry_run=true," if live and config.model_type in ARCHITECTURES else "")
+            + " or add an entry to the architecture table (docs/extending.md)."
         )
     model.arch = config.model_type
     model.vocab_size = config.vocab_size
@@ -65,5 +68,5 @@ def fill_model_fields(model: ModelConfig) -> None:
 def resolve_model(cfg: Config) -> None:
     """Before the checks and before the config is written for the ranks: the checkpoint's architecture in cfg.model
     and the context length vLLM will be given in rollout.max_model_len (as they are used)."""
-    fill_model_fields(cfg.model)
+    fill_model_fields(cfg.model, live=not cfg.dry_run)
     cfg.rollout.max_model_len = max_model_len(cfg)

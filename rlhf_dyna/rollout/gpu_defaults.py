@@ -55,7 +55,7 @@ class KvShape:
 
 def sequence_kv_bytes(shape: KvShape, max_model_len: int, device_type: str) -> int:
     """KV bytes one `max_model_len` sequence needs on a rank: its whole blocks plus the null block vLLM's block pool
-    keeps back (vllm/v1/core/block_pool.py). vLLM refuses to start with less (tests/gpu/test_kv_minimum.py)."""
+    keeps back (vllm/v1/core/block_pool.py). vLLM refuses to start with less (tests/ranks/gpu/test_kv_minimum.py)."""
     block = KV_BLOCK_TOKENS.get(device_type, 16)
     return (-(-max_model_len // block) + 1) * block * shape.bytes_per_token
 

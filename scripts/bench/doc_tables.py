@@ -2,7 +2,7 @@
 
 Each function reads the JSON it names and returns one table (plus a line naming its data); nothing is typed in by
 hand, so a page cannot drift from its data: scripts/docs_tables.py writes these between markers and its --check
-(tests/bench/test_docs_tables.py) fails when a page and its JSON disagree.
+(tests/unit/bench/test_docs_tables.py) fails when a page and its JSON disagree.
 """
 from __future__ import annotations
 

@@ -18,7 +18,8 @@ def modules() -> dict[str, Path]:
 
 
 def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The project modules `name` imports anywhere in its file (functions included)."""
+    """The project modules `name` imports anywhere in its file (functions included), with the packages whose
+`__init__` each import runs."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -35,8 +36,11 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
         for target in targets:
             while target and target not in known:
                 target = target.rpartition(".")[0]
-            if target and target != name and not name.startswith(target + "."):  # a package's own __init__
-                out.add(target)
+            # importing a.b.c runs a/__init__ and a/b/__init__ first: those count, but not this module's own packages
+            while target:
+                if target != name and not name.startswith(target + "."):
+                    out.add(target)
+                target = target.rpartition(".")[0]
     return out
 
 

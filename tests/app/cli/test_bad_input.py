@@ -41,7 +41,7 @@ CASES = [
     (["tracking.console=loud"], "tracking.console='loud' is not a valid choice; valid: progress, plain, verbose, off"),
     (["rollout.max_model_len=100"], "rollout.max_model_len=100 exceeds the model's max_position_embeddings=64 "
                                     "(model.max_position_embeddings)"),
-    (["rollout.kv_cache_bytes=1000"], "rollout.kv_cache_bytes=1000 (0.00 MiB) is too small for vLLM to hold one sequence"),
+    (["rollout.kv_cache_bytes=1000"], "rollout.kv_cache_bytes=1,000 cannot hold one sequence"),
 ]
 
 

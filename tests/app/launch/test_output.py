@@ -10,7 +10,7 @@ import pytest
 REPO_ROOT = Path(__file__).parents[3]
 RANK_BODY = """
 import os, sys, warnings
-from rlhf_dyna.checks.errors import ConfigError
+from rlhf_dyna.errors import ConfigError
 from rlhf_dyna.launch import record_failure, route_rank_output
 route_rank_output(sys.argv[1], int(sys.argv[2]), sys.argv[3])
 print("rlhf_dyna: building the actor...")

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlhf_dyna.checks.errors import ConfigError
+from rlhf_dyna.errors import ConfigError
 from rlhf_dyna.launch import SHM_DIR, init_distributed, record_failure, shutdown_distributed, under_torchrun
 
 CRASH_TEXT = "rank one blew up on purpose (launch test)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlhf_dyna.checks.context import check_lengths
-from rlhf_dyna.checks.errors import ConfigError
+from rlhf_dyna.errors import ConfigError
 from rlhf_dyna.config import Config
 from rlhf_dyna.rollout.context_length import max_model_len
 

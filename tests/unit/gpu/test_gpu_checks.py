@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from rlhf_dyna.checks.errors import ConfigError
+from rlhf_dyna.errors import ConfigError
 from rlhf_dyna.checks.gpu import check_gpu, check_gpus_per_node, check_kv_cache
 from rlhf_dyna.config import Config
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rlhf_dyna.checks.errors import ConfigError
+from rlhf_dyna.errors import ConfigError
 from rlhf_dyna.config import Config
 from rlhf_dyna.models.checkpoint_fields import resolve_model
 from rlhf_dyna.models.tiny_checkpoint import make_tiny_checkpoint
