@@ -9,6 +9,7 @@ import torch.distributed as dist
 from ..config import Config, ModelConfig
 from ..models.build import ModelSpec, build_critic, build_policy, make_hf_config, save_hf_dir
 from ..models.meta_init import checkpoint_config, checkpoint_loader, meta_critic, meta_policy, value_head_init
+from ..models.reward import meta_reward_model
 from ..tasks.base import BaseTask, make_task
 from ..tasks.file_task import make_file_task
 from ..tasks.tokenizer import CharTokenizer
@@ -90,6 +91,16 @@ def build_critic_engine(cfg: Config, source: ModelSpec | str, actor: TrainEngine
         critic, materialize = build_critic(source, DTYPES["fp32"], seed=cfg.trainer.seed + 1), None
     return make_engine(critic, actor.mesh, materialize=materialize,
                        **engine_settings(cfg, trainable=True, lr=cfg.algorithm.critic_lr))
+
+
+def build_reward_engine(cfg: Config, mesh) -> TrainEngine:
+    """The reward model (reward_model.path), frozen, built on meta and loaded per shard on `mesh` (dp x tp, ZeRO-3:
+    forward-only, nothing to keep replicated)."""
+    path = cfg.reward_model.path
+    announce(f"building the reward model from {path}...")
+    model = meta_reward_model(checkpoint_config(path), DTYPES["fp32"])
+    return TrainEngine(model, mesh, precision=cfg.trainer.precision, micro_batch_size=cfg.algorithm.micro_batch_size,
+                       trainable=False, zero=3, materialize=checkpoint_loader(path, _device(mesh)))
 
 
 def build_reference(cfg: Config, source: ModelSpec | str, actor: TrainEngine) -> TrainEngine:

@@ -115,7 +115,7 @@ def move_role_state(source: TrainEngine | None, destination: TrainEngine | None,
     return RoleMoveStats(time.perf_counter() - start, t.bytes_between_ranks, stats.rounds, stats.peak_extra_bytes)
 
 
-def _storages(engine: TrainEngine) -> dict[int, torch.UntypedStorage]:
+def state_storages(engine: TrainEngine) -> dict[int, torch.UntypedStorage]:
     """The distinct storages behind the engine's sharded parameters and AdamW moments (FSDP2 keeps a padded flat
     buffer per parameter; the local shard is a view of it)."""
     out = {}
@@ -135,7 +135,7 @@ class ParkedState:
 
     def park(self, engine: TrainEngine) -> int:
         freed = 0
-        for storage in _storages(engine).values():
+        for storage in state_storages(engine).values():
             self._sizes[id(storage)] = (storage, storage.nbytes())
             freed += storage.nbytes()
             storage.resize_(0)
