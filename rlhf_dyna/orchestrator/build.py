@@ -9,7 +9,7 @@ import torch.distributed as dist
 from ..config import Config, ModelConfig
 from ..models.build import ModelSpec, build_critic, build_policy, make_hf_config, save_hf_dir
 from ..models.meta_init import checkpoint_config, checkpoint_loader, meta_critic, meta_policy, value_head_init
-from ..models.reward import meta_reward_model
+from ..models.reward import meta_reward_model, reward_config, score_head_init
 from ..tasks.base import BaseTask, make_task
 from ..tasks.file_task import make_file_task
 from ..tasks.tokenizer import CharTokenizer
@@ -101,6 +101,20 @@ def build_reward_engine(cfg: Config, mesh) -> TrainEngine:
     model = meta_reward_model(checkpoint_config(path), DTYPES["fp32"])
     return TrainEngine(model, mesh, precision=cfg.trainer.precision, micro_batch_size=cfg.algorithm.micro_batch_size,
                        trainable=False, zero=3, materialize=checkpoint_loader(path, _device(mesh)))
+
+
+def build_reward_trainee(cfg: Config, mesh, pad_token_id: int) -> TrainEngine:
+    """algorithm.name=reward_model: a one-label sequence classifier from model.path (a causal LM: its backbone, a
+    seeded score head; or a reward model, head included), trainable, loaded per shard on `mesh` (dp x tp). A micro-batch
+    holds `algorithm.micro_batch_size` pairs: twice as many rows, each pair's two rows in one micro-batch."""
+    path = cfg.model.path
+    announce(f"building the reward model to train from {path}...")
+    config = reward_config(checkpoint_config(path), pad_token_id)
+    head = score_head_init(config, DTYPES["fp32"], seed=cfg.trainer.seed + 1)
+    settings = {k: v for k, v in engine_settings(cfg, trainable=True).items() if k != "pp_schedule"}
+    settings["micro_batch_size"] = 2 * cfg.algorithm.micro_batch_size
+    return TrainEngine(meta_reward_model(config, DTYPES["fp32"]), mesh,
+                       materialize=checkpoint_loader(path, _device(mesh), extra=head), **settings)
 
 
 def build_reference(cfg: Config, source: ModelSpec | str, actor: TrainEngine) -> TrainEngine:

@@ -13,12 +13,15 @@ from ..launch import DistInfo
 from ..tracking.sample_log import log_samples
 from ..tracking.timeline import write_run_trace
 from .resume import checkpoint_and_export, export_policy, save_due
+from .reward_training import run_reward_training
 from .run import Run, make_run
 from .runtimes import RUNTIMES, Runtime, runtime_name
 from .step import sample_metrics
 
 
 def run_training(cfg: Config, out_dir: Path, dist_info: DistInfo) -> None:
+    if cfg.algorithm.name == "reward_model":  # no generation: preference pairs in, a sequence classifier out
+        return run_reward_training(cfg, out_dir, dist_info)
     run = make_run(cfg, out_dir, dist_info)
     name = runtime_name(cfg.placement)
     if name not in RUNTIMES:
