@@ -89,6 +89,7 @@ class ClusterConfig:
     inter_node_gb_per_s: float = 25.0  # one 200 Gb/s NIC per device
     intra_latency_us: float = 5.0
     inter_latency_us: float = 10.0
+    host_gb_per_s: float = 25.0  # device <-> pinned host memory per device (PCIe 5 x16, achievable): offloaded roles
 
 
 @dataclass

@@ -36,12 +36,14 @@ def check_reward_checkpoint(path_text: str, key: str = "reward_model.path") -> d
     config = _config_json(path, key)
     found = (config.get("architectures") or ["(none: config.json names no architectures)"])[0]
     labels = config.get("num_labels", len(config.get("id2label") or {}) or 2)  # transformers' default is 2 labels
-    if not str(found).endswith("ForSequenceClassification") or labels != 1:
+    classifier = str(found).endswith("ForSequenceClassification")
+    if not classifier or labels != 1:
+        what = f"a {found} with {labels} labels (config.json num_labels)" if classifier else \
+            f"a {found} (config.json architectures), not a sequence classifier"
         raise ConfigError(
-            f"{key}={path_text} holds a {found} with {labels} label(s) (config.json architectures, num_labels); a "
-            "reward model is a sequence classifier with one label (e.g. LlamaForSequenceClassification, "
-            "num_labels=1), whose score at the last token is the reward. Train one with algorithm=reward_model "
-            "task=preference (recipe=reward_tiny), or give such a checkpoint.")
+            f"{key}={path_text} holds {what}; a reward model is a sequence classifier with one label (e.g. "
+            "LlamaForSequenceClassification, num_labels=1), whose score at the last token is the reward. Train one "
+            "with algorithm=reward_model task=preference (recipe=reward_tiny), or give such a checkpoint.")
     if config.get("model_type") not in live_architectures():
         raise ConfigError(f"{key}={path_text} is a {config.get('model_type')!r} model; reward models run live on "
                           f"the architectures {', '.join(live_architectures())}.")

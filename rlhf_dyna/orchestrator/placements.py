@@ -89,7 +89,7 @@ def rebalance_transitions(cfg: Config) -> list:
     out = []
     for target in (r for r in nearest if r is not None):
         dst = split_placement(cfg, target).slot(TRAIN_ACTOR, ACTOR).spec
-        for role in (r for r in run_roles(cfg) if r != ROLLOUT):
+        for role in (r for r in run_roles(cfg) if r not in (ROLLOUT, REWARD_MODEL)):  # the RM does not move yet
             name = f"reshard/{role}/rebalance/{start}+{world - start}_to_{target}+{world - target}"
             out.append(Transition(name, src, dst))
     return out
