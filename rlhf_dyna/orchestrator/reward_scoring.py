@@ -97,15 +97,16 @@ class RewardScorer:
 
     def apply(self, samples: list[Sample]) -> dict[str, float]:
         """Collective: the scores join each sample's reward parts as `rm` and its weighted total is summed again;
-        timing_s/reward_model and, when offloaded, the host copies' metrics."""
-        start = time.perf_counter()
+        timing_s/reward_model (the scoring) and, when offloaded, the host copies' metrics."""
         metrics = self._copy(self.unpark, parking=False) if self.unpark is not None else {}
+        start = time.perf_counter()
         for sample, score in zip(samples, self.scores(samples), strict=True):
             sample.reward_parts[LEARNED] = score
             sample.reward = self.rewards.weighted(sample.reward_parts)
+        metrics[TIMING] = time.perf_counter() - start  # the scoring alone; the host copies have their own seconds
         if self.park is not None:
             metrics.update(self._copy(self.park, parking=True))
-        return {**metrics, TIMING: time.perf_counter() - start}
+        return metrics
 
     def _copy(self, change: Change, parking: bool) -> dict[str, float]:
         """Collective: the host copy of this rank's shards (none outside the set); the slowest rank's seconds and

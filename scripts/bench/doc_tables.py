@@ -324,4 +324,20 @@ def placement_table(result: dict) -> str:
         for r in result["simulation"][key]:
             sets = ", ".join(f"{k} {v}" for k, v in r["sets"].items())
             lines.append(f"| {r['policy']} | {sets} | {r['step_s']:.3f} | {r['transition_s']:.4f} |")
+    if "reward_model" in result:
+        lines += ["", *reward_model_placements(result["reward_model"])]
     return "\n".join(lines) + f"\n\nData: `bench_placement.json` ({result['date']}, {result['machine']})."
+
+
+def reward_model_placements(rm: dict) -> list[str]:
+    """PPO with a reward model, live on the same ranks under each placement: its scoring phase and moves."""
+    m = rm["model"]
+    lines = [f"reward model beside PPO, live on {rm['world_size']} ranks ({rm['date']}; policy, critic and reward model "
+             f"hidden {m['hidden_size']} x {m['num_hidden_layers']} layers; {rm['prompts_per_step']} prompts x 4 samples, "
+             f"median of steps 2-{rm['steps']}):", "",
+             "| placement | step s | timing_s/reward_model | share of step | reward model moves s | moved MiB |",
+             "|---|---|---|---|---|---|"]
+    for name, r in rm["placements"].items():
+        lines.append(f"| {name} | {r['step_s']:.2f} | {r['reward_model_s']:.3f} | {r['reward_model_s'] / r['step_s']:.1%} "
+                     f"| {r['moves_s']:.3f} | {r['moved_bytes'] / 2**20:.1f} |")
+    return lines
