@@ -51,6 +51,7 @@ TABLES: dict[str, dict[str, Callable[[], str]]] = {
         "lift": lambda: doc_tables.lift(BENCH),
         "compare_algos": lambda: doc_tables.compare_algos(BENCH),
     },
+    "docs/reward_models.md": {"rm_pipeline": lambda: doc_tables.rm_pipeline(_json("rm_pipeline.json"))},
     "docs/bench/planning.md": {
         "bench_plan": lambda: doc_tables.planning(BENCH),
         "dry_run": lambda: doc_tables.dry_run(BENCH),
