@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -85,7 +86,7 @@ def measure_reward_model(steps: int, prompts: int) -> dict:
                      num_key_value_heads=RM_MODEL["num_key_value_heads"])
         policy, rm = make_tiny_checkpoint(Path(tmp) / "policy", **sizes), make_tiny_reward_model(Path(tmp) / "rm", **sizes)
         for name, extra in RM_PLACEMENTS.items():
-            run_dir = Path(tmp) / name.replace(" ", "_").replace(",", "")
+            run_dir = Path(tmp) / re.sub(r"\W+", "_", name)  # Hydra reads brackets and commas in a value
             args = [sys.executable, "-m", "rlhf_dyna", "recipe=ppo_rm_tiny", f"model.path={policy}",
                     f"reward_model.path={rm}", "parallel.world_size=4", f"trainer.total_steps={steps}",
                     f"task.prompts_per_step={prompts}", "task.eval_every=100000", "tracking.wandb_mode=disabled",

@@ -73,10 +73,8 @@ class RewardScorer:
         mesh = build_mesh(layout)  # collective: every rank takes part in creating the set's groups
         self.engine = build_reward_engine(cfg, mesh) if dist.get_rank() in layout.ranks else None
         self.tokenizer = HFTokenizer(cfg.reward_model.path)
-        self.pad_id = self.tokenizer.hf.pad_token_id if self.tokenizer.hf.pad_token_id is not None else \
-            self.tokenizer.pad_id
-        if self.engine is not None and self.engine.model.config.pad_token_id is not None:
-            self.pad_id = self.engine.model.config.pad_token_id  # the id transformers finds each row's end by
+        # the id transformers finds each row's last token by (checks.reward_model: every reward model has one)
+        self.pad_id = self.engine.model.config.pad_token_id if self.engine is not None else None
         self.policy_tokenizer = policy_tokenizer
         self.rewards = rewards
         moves = [c for c in changes(placement) if c.role == REWARD_MODEL]
