@@ -201,6 +201,14 @@ class PlacementConfig:
 
 
 @dataclass
+class ElasticConfig:
+    """Membership changes: ranks leaving and joining the job (rlhf_dyna.elastic.membership, docs/elastic.md)."""
+
+    events: list[str] = field(default_factory=list)  # scripted changes: leave:R@S, leave:A-B@S, join@S, join:N@S
+    join: Optional[str] = None  # RUN_DIR of a running job this process asks to join
+
+
+@dataclass
 class TrainerConfig:
     total_steps: int = 20
     seed: int = 0
@@ -229,6 +237,7 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)  # membership changes (dry run only, so far)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     recipe: str = "grpo_tiny"  # name of the recipe, set by each recipe file
     dry_run: bool = False  # plan every transition of the recipe, without devices

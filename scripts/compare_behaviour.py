@@ -147,10 +147,10 @@ def compare_rows(a: list[dict], b: list[dict], rtol: float = 0.0, skipped: tuple
     return compared, differ, worst, only_a, only_b
 
 
-def compare(dir_a: Path, dir_b: Path) -> int:
+def compare(dir_a: Path, dir_b: Path, out: Path | None = None) -> int:
     print(f"A: {dir_a} ({(dir_a / 'commit.txt').read_text().strip()[:10] if (dir_a / 'commit.txt').exists() else '?'})")
     print(f"B: {dir_b} ({(dir_b / 'commit.txt').read_text().strip()[:10] if (dir_b / 'commit.txt').exists() else '?'})")
-    bad = 0
+    bad, report = 0, []
     for name, runs in CONFIGS.items():
         for i in range(len(runs)):
             rel = Path(name) / f"run{i}" / "metrics.jsonl"
@@ -164,9 +164,15 @@ def compare(dir_a: Path, dir_b: Path) -> int:
             same = differ == 0 and not only_a and not only_b
             verdict = ("identical" if worst == 0 else f"equal within rtol {rtol:g}") if same else "DIFFERENT"
             bad += not same
+            report.append({"run": f"{name}/run{i}", "verdict": verdict, "values": n, "steps": len(a), "differ": differ,
+                           "max_rel": worst, "rtol": rtol, "only_a": sorted(only_a), "only_b": sorted(only_b)})
             print(f"{name}/run{i}: {verdict}: {n} values over {len(a)} steps, {differ} differ "
                   f"(max rel {worst:.2e})" + (f"; only in A: {sorted(only_a)}" if only_a else "")
                   + (f"; only in B: {sorted(only_b)}" if only_b else ""))
+    if out is not None:
+        commits = [(d / "commit.txt").read_text().strip() if (d / "commit.txt").exists() else "?" for d in (dir_a, dir_b)]
+        out.write_text(json.dumps({"a": commits[0], "b": commits[1], "date": time.strftime("%Y-%m-%d %H:%M UTC",
+                                   time.gmtime()), "runs": report}, indent=1) + "\n")
     return 1 if bad else 0
 
 
@@ -180,10 +186,11 @@ def main() -> None:
     c = sub.add_parser("compare")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
+    c.add_argument("--json", type=Path, help="also write the comparison there")
     args = parser.parse_args()
     if args.cmd == "run":
         sys.exit(run_all(args.out, args.commit, [n for n in args.only.split(",") if n]))
-    sys.exit(compare(args.a, args.b))
+    sys.exit(compare(args.a, args.b, args.json))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import doc_tables
+from bench import doc_tables, elastic_tables
 from bench_report import markdown as reshard_markdown
 from bench_report import replace_table
 
@@ -52,6 +52,12 @@ TABLES: dict[str, dict[str, Callable[[], str]]] = {
         "compare_algos": lambda: doc_tables.compare_algos(BENCH),
     },
     "docs/reward_models.md": {"rm_pipeline": lambda: doc_tables.rm_pipeline(_json("rm_pipeline.json"))},
+    "docs/elastic.md": {
+        "membership_planning": lambda: elastic_tables.membership_planning(BENCH),
+        "dry_run_grpo_70b": lambda: elastic_tables.elastic_dry_run(BENCH, "grpo_70b"),
+        "dry_run_ppo_235b_moe": lambda: elastic_tables.elastic_dry_run(BENCH, "ppo_235b_moe"),
+        "torchft_probe": lambda: elastic_tables.torchft_probe(BENCH),
+    },
     "docs/bench/planning.md": {
         "bench_plan": lambda: doc_tables.planning(BENCH),
         "dry_run": lambda: doc_tables.dry_run(BENCH),

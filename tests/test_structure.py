@@ -92,7 +92,8 @@ def test_pure_layers_import_nothing_live():
     for name, deps in g.items():
         if name.startswith("rlhf_dyna.vps"):
             assert all(d.startswith("rlhf_dyna.vps") for d in deps), (name, deps)
-    for name in ("placement", "policies", "validate", "rebalance", "simulate"):
+    pure = ("placement", "policies", "validate", "rebalance", "simulate", "membership", "events", "membership_plan")
+    for name in pure:
         deps = g[f"rlhf_dyna.elastic.{name}"]
         assert all(d.startswith(("rlhf_dyna.vps", "rlhf_dyna.elastic", "rlhf_dyna.parallel_layout")) for d in deps), deps
     assert all(d.startswith("rlhf_dyna.vps") for d in g["rlhf_dyna.parallel_layout"])

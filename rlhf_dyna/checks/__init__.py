@@ -6,6 +6,7 @@ from ..config import Config
 from .algorithm import check_algorithm
 from .context import check_lengths
 from .data import check_data
+from .elastic import check_elastic
 from .errors import ConfigError
 from .gpu import check_gpu
 from .layouts import check_layouts, check_runs_live
@@ -24,6 +25,7 @@ def check_config(cfg: Config, under_torchrun: bool = False) -> None:
     check_algorithm(cfg)
     check_layouts(cfg)
     check_placement_config(cfg)
+    check_elastic(cfg)
     if cfg.dry_run:
         return
     check_gpu(cfg, under_torchrun)

@@ -14,9 +14,9 @@ from transformers.modeling_outputs import ModelOutput
 
 from .architectures import ARCHITECTURES, live_architectures
 from .moe_weights import to_checkpoint_names
+from .value_catalog import VALUE_HEAD
 
 WEIGHTS_FILE = "model.safetensors"
-VALUE_HEAD = "value_head"
 
 
 @dataclass(frozen=True)

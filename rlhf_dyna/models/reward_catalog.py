@@ -11,8 +11,12 @@ from .reward import SCORE_HEAD
 
 
 def reward_catalog_from_config(cfg: Any, param_dtype: str = "bfloat16", state_dtype: str = "float32") -> ModelCatalog:
-    policy = catalog_from_config(cfg, param_dtype, state_dtype)
+    return reward_catalog(catalog_from_config(cfg, param_dtype, state_dtype), getattr(cfg, "num_labels", 1))
+
+
+def reward_catalog(policy: ModelCatalog, num_labels: int = 1) -> ModelCatalog:
+    """A sequence classifier on a policy's backbone: the backbone without lm_head, and the score head."""
     backbone = tuple(t for t in policy.tensors if t.role != Role.LM_HEAD)
-    head = CatalogTensor(f"{SCORE_HEAD}.weight", Role.FINAL_NORM, None, (getattr(cfg, "num_labels", 1), policy.dims.hidden))
+    head = CatalogTensor(f"{SCORE_HEAD}.weight", Role.FINAL_NORM, None, (num_labels, policy.dims.hidden))
     # arch names the model in plan caches (vps.cache.model_key): the reward model must not share the policy's plans
     return replace(policy, arch=f"{policy.arch}+score", tensors=backbone + (head,), _by_name={})

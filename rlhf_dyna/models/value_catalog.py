@@ -6,12 +6,17 @@ from dataclasses import replace
 from typing import Any
 
 from ..vps.model import CatalogTensor, ModelCatalog, Role
-from .build import VALUE_HEAD
 from .catalog import catalog_from_config
+
+VALUE_HEAD = "value_head"  # the critic's scalar head (models.build.ValueModel's module name)
 
 
 def value_catalog_from_config(cfg: Any, param_dtype: str = "bfloat16", state_dtype: str = "float32") -> ModelCatalog:
-    policy = catalog_from_config(cfg, param_dtype, state_dtype)
+    return value_catalog(catalog_from_config(cfg, param_dtype, state_dtype))
+
+
+def value_catalog(policy: ModelCatalog) -> ModelCatalog:
+    """The critic of a policy: its backbone without lm_head, and the value head."""
     hidden = policy.dims.hidden
     backbone = tuple(t for t in policy.tensors if t.role != Role.LM_HEAD)
     head = (CatalogTensor(f"{VALUE_HEAD}.weight", Role.FINAL_NORM, None, (1, hidden)),

@@ -16,6 +16,7 @@ from ..tasks.tokenizer import CharTokenizer
 from ..vps.cost import Cluster
 from ..vps.dryrun import Transition, summarize, write_summary
 from .build import model_source
+from .membership import membership_rows
 from .placements import placement_transitions
 from .reward_dry_run import host_copy_rows
 
@@ -37,22 +38,18 @@ def cluster_of(cfg: Config) -> Cluster:
                    c.intra_latency_us * 1e-6, c.inter_latency_us * 1e-6)
 
 
-def model_config(cfg: Config):
-    """The HF config of the model the run would build: the tiny spec itself when random-init, else the config fields."""
+def model_catalog(cfg: Config):
+    """Catalog of the model the run would build: the tiny spec itself when random-init, else the config fields."""
     m = cfg.model
     source = model_source(m, CharTokenizer())
     if not isinstance(source, str):
-        return make_hf_config(source)
-    return hf_config_from_fields(
+        return catalog_from_config(make_hf_config(source), param_dtype=m.dtype)
+    hf = hf_config_from_fields(
         m.arch, m.vocab_size, m.hidden_size, m.intermediate_size, m.num_hidden_layers, m.num_attention_heads,
         m.num_key_value_heads, m.head_dim, m.tie_word_embeddings, m.num_experts, m.num_experts_per_tok,
         m.moe_intermediate_size,
     )
-
-
-def model_catalog(cfg: Config):
-    """Catalog of the model the run would build."""
-    return catalog_from_config(model_config(cfg), param_dtype=cfg.model.dtype)
+    return catalog_from_config(hf, param_dtype=m.dtype)
 
 
 def human_bytes(n: float) -> str:
@@ -76,7 +73,9 @@ def print_table(recipe: str, rows: list[dict]) -> None:
 
 
 def run_dry_run(cfg: Config, out_dir: Path) -> list[dict]:
-    rows = summarize(model_catalog(cfg), recipe_transitions(cfg), cluster_of(cfg)) + host_copy_rows(cfg, model_config(cfg))
+    catalog, cluster = model_catalog(cfg), cluster_of(cfg)
+    rows = summarize(catalog, recipe_transitions(cfg), cluster) + membership_rows(cfg, catalog, cluster) + \
+        host_copy_rows(cfg, catalog)
     print_table(cfg.recipe, rows)
     path = write_summary(rows, out_dir / "plan_summary.json")
     print(f"rlhf_dyna: dry run of {cfg.recipe}: {len(rows)} transition(s) planned, summary in {path}")

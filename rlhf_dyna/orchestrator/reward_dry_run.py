@@ -3,7 +3,7 @@ prepare phase; each step copies it back to score and out again), as rows of the 
 
 A host copy moves each rank's own shards over its own device <-> host link (cluster.host_gb_per_s), all ranks at
 once: the step waits for the rank with the most bytes. The reward model's catalog is its checkpoint's config.json
-when reward_model.path is readable here, else the policy's architecture with a one-label score head."""
+when reward_model.path is readable here, else the policy's backbone with a one-label score head."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +11,7 @@ from pathlib import Path
 from ..config import Config
 from ..elastic.placement import REWARD_MODEL, changes
 from ..models.reward import read_reward_config
-from ..models.reward_catalog import reward_catalog_from_config
+from ..models.reward_catalog import reward_catalog, reward_catalog_from_config
 from ..vps.layout import build_layout
 from ..vps.model import ModelCatalog
 from ..vps.spec import ParallelSpec
@@ -19,11 +19,12 @@ from ..vps.tensor import Kind
 from .placements import placement_of, scores_with_reward_model
 
 
-def reward_model_catalog(cfg: Config, policy_config) -> ModelCatalog:
+def reward_model_catalog(cfg: Config, policy: ModelCatalog) -> ModelCatalog:
+    """The reward model's catalog: its checkpoint's, or a score head on the policy's backbone (`policy`)."""
     path = cfg.reward_model.path
-    readable = path is not None and (Path(path) / "config.json").is_file()
-    config = read_reward_config(path) if readable else policy_config
-    return reward_catalog_from_config(config, param_dtype=cfg.model.dtype)
+    if path is not None and (Path(path) / "config.json").is_file():
+        return reward_catalog_from_config(read_reward_config(path), param_dtype=cfg.model.dtype)
+    return reward_catalog(policy)
 
 
 def bytes_per_rank(catalog: ModelCatalog, spec: ParallelSpec) -> dict[int, int]:
@@ -36,11 +37,11 @@ def bytes_per_rank(catalog: ModelCatalog, spec: ParallelSpec) -> dict[int, int]:
     return held
 
 
-def host_copy_rows(cfg: Config, policy_config) -> list[dict]:
+def host_copy_rows(cfg: Config, policy: ModelCatalog) -> list[dict]:
     """One row per host copy of the reward model in a step (none unless it is offloaded)."""
     if not scores_with_reward_model(cfg) or not cfg.reward_model.offload:
         return []
-    catalog = reward_model_catalog(cfg, policy_config)
+    catalog = reward_model_catalog(cfg, policy)
     rows = []
     for change in (c for c in changes(placement_of(cfg)) if c.role == REWARD_MODEL and not c.is_vps):
         spec = (change.dst if change.src.parked else change.src).spec

@@ -39,8 +39,8 @@ def summarize(catalog: ModelCatalog, transitions: list[Transition], cluster: Clu
     rows = []
     for t in transitions:
         for side, spec in (("src", t.src), ("dst", t.dst)):
-            if spec.ranks.stop > cluster.world_size:
-                raise SpecError(f"{t.name}: {side} spans ranks {spec.ranks.start}..{spec.ranks.stop - 1} but the "
+            if spec.rank_bound > cluster.world_size:
+                raise SpecError(f"{t.name}: {side} spans ranks {min(spec.ranks)}..{spec.rank_bound - 1} but the "
                                 f"cluster has {cluster.world_size} devices; valid world_size + first_rank <= "
                                 f"{cluster.world_size}")
         start = time.perf_counter()

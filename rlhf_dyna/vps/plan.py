@@ -138,7 +138,7 @@ class Plan:
 
 def build_plan(src: Layout, dst: Layout, ranks_per_node: int = 8) -> Plan:
     """Plan moving every (tensor, kind) of `dst` that `src` also holds; kinds only one side keeps are skipped."""
-    world = max(src.spec.ranks.stop, dst.spec.ranks.stop)
+    world = max(src.spec.rank_bound, dst.spec.rank_bound)
     by_key = {(e.tensor.name, e.tensor.kind): e for e in src.entries}
     classes: dict[tuple[int, int, int], ClassPlan] = {}
     for e in dst.entries:

@@ -26,9 +26,7 @@ def rollout_entries(catalog: ModelCatalog, spec: ParallelSpec, kinds: tuple[Kind
     dims = catalog.dims
     validate(spec, dims)
     stages = stage_layers(spec, dims.num_layers)
-    grid = np.arange(spec.first_rank, spec.first_rank + spec.world_size).reshape(
-        spec.dp, spec.vllm_dp, spec.pp, spec.tp
-    )
+    grid = np.array(spec.ranks, dtype=np.int64).reshape(spec.dp, spec.vllm_dp, spec.pp, spec.tp)
     memo: dict[tuple, Geometry] = {}
     for t in catalog.tensors:
         held_by = tensor_stages(t, stages, dims.tied_embeddings)

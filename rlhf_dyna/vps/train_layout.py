@@ -75,8 +75,8 @@ def train_entries(catalog: ModelCatalog, spec: ParallelSpec, kinds: tuple[Kind, 
 
 
 def rank_grid(spec: ParallelSpec) -> np.ndarray:
-    """Ranks on the canonical axes (pp, dp_replicate, dp*cp, tp), in the spec's rank order."""
-    ranks = np.arange(spec.first_rank, spec.first_rank + spec.world_size)
+    """Ranks on the canonical axes (pp, dp_replicate, dp*cp, tp), in the spec's rank order (its rank map, if any)."""
+    ranks = np.array(spec.ranks, dtype=np.int64)
     if spec.tp_outer:
         return ranks.reshape(spec.pp, spec.tp, spec.dp_replicate, spec.dp * spec.cp).transpose(0, 2, 3, 1)
     return ranks.reshape(spec.pp, spec.dp_replicate, spec.dp * spec.cp, spec.tp)

@@ -26,6 +26,21 @@ def require_positive(spec: ParallelSpec) -> None:
             raise SpecError(f"{name}={getattr(spec, name)} must be >= 1")
 
 
+def require_ranks(spec: ParallelSpec) -> None:
+    """A rank map names one distinct, non-negative rank per position of the spec, starting at first_rank."""
+    ranks = spec.rank_map
+    if ranks is None:
+        return
+    if len(ranks) != spec.world_size:
+        raise SpecError(f"rank_map has {len(ranks)} ranks but the spec spans world_size={spec.world_size}; give one "
+                        f"rank per position")
+    if len(set(ranks)) != len(ranks) or min(ranks) < 0:
+        raise SpecError(f"rank_map={list(ranks)} must name distinct ranks >= 0")
+    if ranks[0] != spec.first_rank:
+        raise SpecError(f"first_rank={spec.first_rank} but rank_map starts at {ranks[0]}; valid first_rank: {ranks[0]} "
+                        f"(vps.spec.placed_on sets both)")
+
+
 def stage_layers(spec: ParallelSpec, num_layers: int) -> list[tuple[int, int]]:
     """Contiguous layer range per pipeline stage: explicit `pp_layers`, else vLLM's get_pp_indices rule."""
     if spec.pp > num_layers:
@@ -49,6 +64,7 @@ def stage_layers(spec: ParallelSpec, num_layers: int) -> list[tuple[int, int]]:
 
 def validate(spec: ParallelSpec, dims: ModelDims) -> None:
     require_positive(spec)
+    require_ranks(spec)
     require_divides("tp", spec.tp, "num_attention_heads", dims.num_heads)
     if dims.intermediate and any(i not in dims.moe_layers for i in range(dims.num_layers)):
         require_divides("tp", spec.tp, "intermediate_size", dims.intermediate)

@@ -124,7 +124,7 @@ def tiny_run(policy: str) -> Config:
     cfg.task.prompts_per_step, cfg.task.eval_size, cfg.task.eval_every = 4, 8, 1
     cfg.rollout.n = 4
     cfg.model.hidden_size, cfg.model.num_attention_heads, cfg.model.num_key_value_heads = 64, 2, 2  # head_dim 32
-    cfg.tracking = replace(cfg.tracking, wandb_mode="disabled", console=False, transition_trace=False)
+    cfg.tracking = replace(cfg.tracking, wandb_mode="disabled", console="off", transition_trace=False)
     return cfg
 
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.vps.model import ModelCatalog
-from rlhf_dyna.vps.spec import ParallelSpec, Phase
+from rlhf_dyna.vps.spec import ParallelSpec, Phase, placed_on
 from rlhf_dyna.vps.validate import SpecError, validate
 
 
@@ -50,3 +50,14 @@ def valid_specs(catalog: ModelCatalog, max_world: int = 6) -> list[ParallelSpec]
             continue
         good.append(s)
     return good
+
+
+@st.composite
+def placed(draw, spec: ParallelSpec, spare: int = 3) -> ParallelSpec:
+    """`spec` from a random first rank, or over random distinct ranks (sorted, as survivors of a leave are, or in any
+    order) among world_size + `spare`."""
+    how = draw(st.sampled_from(["first_rank", "sorted", "any order"]))
+    if how == "first_rank":
+        return placed_on(spec, range(r := draw(st.integers(0, spare)), r + spec.world_size))
+    ranks = draw(st.permutations(range(spec.world_size + spare)))[:spec.world_size]
+    return placed_on(spec, sorted(ranks) if how == "sorted" else ranks)
