@@ -89,6 +89,7 @@ class ClusterConfig:
     inter_node_gb_per_s: float = 25.0  # one 200 Gb/s NIC per device
     intra_latency_us: float = 5.0
     inter_latency_us: float = 10.0
+    host_gb_per_s: float = 25.0  # device <-> pinned host memory per device (PCIe 5 x16, achievable): offloaded roles
 
 
 @dataclass
@@ -121,6 +122,8 @@ class AlgorithmConfig:
     epochs: int = 1  # passes over each step's rollouts
     mini_batches: int = 1  # optimizer steps per pass
     micro_batch_size: int = 16  # per rank, gradient accumulation above it
+    critic_init: str = "policy"  # PPO's critic: policy (its backbone, a seeded value head) | reward_model (InstructGPT)
+    pair_loss: str = "bradley_terry"  # algorithm.name=reward_model: a loss of algos.pairwise.PAIR_LOSSES
 
 
 @dataclass
@@ -158,6 +161,18 @@ class TaskConfig:
     max_prompt_tokens: int = 0  # longer prompts are dropped (count printed); 0 = keep all
     reward: Any = "math"  # math | exact | module:function, or a list of them
     reward_weights: list[float] = field(default_factory=list)  # one per reward; empty = 1.0 each
+    # task=preference (rlhf_dyna/tasks/preference.py): pairs from local files, with task.prompt_key
+    chosen_key: str = "chosen"  # column: the preferred completion (a string, or chat messages ending in its turn)
+    rejected_key: str = "rejected"  # column: the other completion
+
+
+@dataclass
+class RewardModelConfig:
+    """A learned reward: a local HF sequence classifier with one label, scored as the reward `rm` (task.reward)."""
+
+    path: Optional[str] = None  # local HF dir (AutoModelForSequenceClassification, num_labels=1, its own tokenizer)
+    kind: str = "classifier"  # classifier: the score head's value at the last non-padding token
+    offload: bool = False  # parked in host memory outside the prepare phase, copied back to score
 
 
 @dataclass
@@ -223,6 +238,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)  # membership changes (dry run only, so far)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     recipe: str = "grpo_tiny"  # name of the recipe, set by each recipe file
     dry_run: bool = False  # plan every transition of the recipe, without devices
 

@@ -6,6 +6,8 @@ and docs/bench/bench_placement.png.
 
     python scripts/bench_placement.py --algos ppo     # measure (about 10 min on 2 cores) and simulate
     python scripts/bench_placement.py --simulate-only # re-simulate from the committed JSON's measurements
+    python scripts/bench_placement.py --reward-model  # PPO with a reward model under each placement, live on 4 ranks:
+                                                      # scoring (timing_s/reward_model) and its moves; kept beside
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import argparse
 import json
 import math
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -56,6 +59,50 @@ def measure(algo: str, world: int, steps: int, prompts: int) -> dict[str, float]
     rows = [r for r in rows if "timing_s/step" in r][1:]  # the first step warms vLLM and the optimizer up
     out = {name: statistics.median(r[key] for r in rows) for name, key in PHASE_KEYS.items() if key in rows[0]}
     out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+# a reward model beside PPO's actor and critic, live on 4 ranks: where it sits changes what its phase and moves cost
+RM_MODEL = dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                intermediate_size=1024)
+RM_PLACEMENTS = {
+    "colocate": [],
+    "colocate, offloaded": ["reward_model.offload=true"],
+    "lend": ["placement=lend"],
+    "lend, own set [2,3]": ["placement=lend", "+placement.roles.reward_model=[2,2]"],
+    "lend, own set, offloaded": ["placement=lend", "+placement.roles.reward_model=[2,2]", "reward_model.offload=true"],
+    "split": ["placement=split", "placement.max_staleness=0"],
+}
+
+
+def measure_reward_model(steps: int, prompts: int) -> dict:
+    """Each RM placement's median step, scoring and reward-model move seconds (the first step warms up)."""
+    from rlhf_dyna.models.tiny_checkpoint import make_tiny_checkpoint, make_tiny_reward_model
+
+    out: dict = {"model": RM_MODEL, "world_size": 4, "steps": steps, "prompts_per_step": prompts, "placements": {}}
+    with tempfile.TemporaryDirectory(prefix="bench_rm_") as tmp:
+        sizes = dict(hidden_size=RM_MODEL["hidden_size"], intermediate_size=RM_MODEL["intermediate_size"],
+                     num_hidden_layers=RM_MODEL["num_hidden_layers"], num_attention_heads=RM_MODEL["num_attention_heads"],
+                     num_key_value_heads=RM_MODEL["num_key_value_heads"])
+        policy, rm = make_tiny_checkpoint(Path(tmp) / "policy", **sizes), make_tiny_reward_model(Path(tmp) / "rm", **sizes)
+        for name, extra in RM_PLACEMENTS.items():
+            run_dir = Path(tmp) / re.sub(r"\W+", "_", name)  # Hydra reads brackets and commas in a value
+            args = [sys.executable, "-m", "rlhf_dyna", "recipe=ppo_rm_tiny", f"model.path={policy}",
+                    f"reward_model.path={rm}", "parallel.world_size=4", f"trainer.total_steps={steps}",
+                    f"task.prompts_per_step={prompts}", "task.eval_every=100000", "tracking.wandb_mode=disabled",
+                    "tracking.console=off", "tracking.transition_trace=false", *extra, f"hydra.run.dir={run_dir}"]
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=1500, cwd=ROOT)
+            if proc.returncode:
+                raise SystemExit(f"reward model, {name}, failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][2:]
+            moves = [k for k in rows[0] if k.startswith("reshard/reward_model/") and k.endswith("/seconds")]
+            out["placements"][name] = {
+                "step_s": statistics.median(r["timing_s/step"] for r in rows),
+                "reward_model_s": statistics.median(r["timing_s/reward_model"] for r in rows),
+                "moves_s": statistics.median(sum(r[k] for k in moves) for r in rows),
+                "moved_bytes": statistics.median(sum(r[k.replace("/seconds", "/bytes_moved")] for k in moves)
+                                                 for r in rows)}
+            print(f"reward model, {name}: {out['placements'][name]}", flush=True)
     return out
 
 
@@ -160,9 +207,17 @@ def main() -> None:
     ap.add_argument("--algos", default="ppo,grpo", help="ppo alone: GRPO's phases are taken from PPO's runs")
     ap.add_argument("--simulate-only", action="store_true")
     ap.add_argument("--merge", action="store_true", help="re-measure --ranks into the existing JSON, keep the rest")
+    ap.add_argument("--reward-model", action="store_true", help="only (re-)measure the reward model's placements")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / "bench_placement.json"
+    if args.reward_model:
+        result = json.loads(path.read_text())
+        result["reward_model"] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                  **measure_reward_model(max(args.steps, 4), max(args.prompts, 8))}
+        path.write_text(json.dumps(result, indent=2))
+        print(placement_table(result))
+        return
     if args.simulate_only:
         result = json.loads(path.read_text())
     else:

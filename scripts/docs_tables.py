@@ -51,6 +51,7 @@ TABLES: dict[str, dict[str, Callable[[], str]]] = {
         "lift": lambda: doc_tables.lift(BENCH),
         "compare_algos": lambda: doc_tables.compare_algos(BENCH),
     },
+    "docs/reward_models.md": {"rm_pipeline": lambda: doc_tables.rm_pipeline(_json("rm_pipeline.json"))},
     "docs/elastic.md": {
         "membership_planning": lambda: elastic_tables.membership_planning(BENCH),
         "dry_run_grpo_70b": lambda: elastic_tables.elastic_dry_run(BENCH, "grpo_70b"),

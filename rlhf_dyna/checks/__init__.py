@@ -13,6 +13,7 @@ from .layouts import check_layouts, check_runs_live
 from .model_files import check_weight_files
 from .placement import check_placement_config
 from .resources import check_resources
+from .reward_model import check_reward_models
 from .values import check_choices, check_values
 
 __all__ = ["ConfigError", "check_config"]
@@ -35,4 +36,5 @@ def check_config(cfg: Config, under_torchrun: bool = False) -> None:
         check_data(cfg)
     except ValueError as err:  # the data checks raise plain ValueErrors from the task and reward modules
         raise ConfigError(str(err)) from err
+    check_reward_models(cfg)
     check_lengths(cfg)

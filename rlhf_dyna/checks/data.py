@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..tasks.file_task import FORMATS, data_format
-from ..tasks.rewards import BUILT_IN, RewardError, RewardSet, build_rewards, call_reward
+from ..tasks.rewards import BUILT_IN, LEARNED, RewardError, RewardSet, build_rewards, call_reward
 
 
 def _bad_json_line(file: Path) -> str | None:
@@ -95,7 +95,7 @@ def probe_rewards(rewards: RewardSet, row: dict[str, Any], prompt_key: str, answ
     prompts, completions = [row[prompt_key]] * 2, [str(row[answer_key]), ""]
     columns = {key: [value, value] for key, value in row.items() if key != prompt_key}
     for name, fn in zip(rewards.names, rewards.fns):
-        if name in BUILT_IN:
+        if name in BUILT_IN or name == LEARNED:  # tested with the project; `rm` is the reward model's
             continue
         try:
             call_reward(name, fn, prompts, completions, columns)

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from ..algos.choices import KL_CONTROLLERS, KL_ESTIMATOR_NAMES, LOSS_AGGS
 from ..algos.losses import POLICY_LOSSES
+from ..algos.pairwise import PAIR_LOSSES
 from ..config import Config
 from ..models.architectures import live_architectures
 from ..tracking.console import CONSOLE_MODES
 from ..errors import ConfigError
 
 CHOICES = {
-    "algorithm.name": ("grpo", "ppo"),
+    "algorithm.name": ("grpo", "ppo", "reward_model"),
+    "algorithm.pair_loss": tuple(PAIR_LOSSES),
     "algorithm.loss_agg": (*LOSS_AGGS, "seq_mean"),
     "algorithm.policy_loss": tuple(POLICY_LOSSES),
     "algorithm.kl_estimator": KL_ESTIMATOR_NAMES,
@@ -17,7 +19,7 @@ CHOICES = {
     "algorithm.grpo_std": ("population", "unbiased"),
     "rollout.engine": ("vllm",),
     "rollout.sync": ("naive", "vps"),
-    "task.name": ("arithmetic", "sort_digits", "file"),
+    "task.name": ("arithmetic", "sort_digits", "file", "preference"),
     "tracking.wandb_mode": ("offline", "online", "disabled"),
     "tracking.console": CONSOLE_MODES,
     "trainer.precision": ("fp32", "bf16"),

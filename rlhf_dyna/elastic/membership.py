@@ -26,8 +26,8 @@ from itertools import product
 from ..parallel_layout import LayoutError, ParallelLayout, divisors
 from ..vps.spec import ParallelSpec, describe_ranks, placed_on
 from ..vps.tensor import Kind
-from .placement import (ACTOR, CRITIC, REFERENCE, ROLLOUT, TRAIN_ACTOR, TRAIN_CRITIC, Placement, RankSet, RoleSlot,
-                        resident)
+from .placement import (ACTOR, CRITIC, REFERENCE, REWARD_MODEL, ROLLOUT, TRAIN_ACTOR, TRAIN_CRITIC, Placement, RankSet,
+                        RoleSlot, resident)
 from .policies import rollout_spec_on, train_spec_on
 from .validate import PlacementError, check_placement
 
@@ -252,6 +252,6 @@ def role_moves(old: Placement, new: Placement, change: WorldChange) -> tuple[Rol
             continue
         spec: ParallelSpec = dst.spec  # type: ignore[assignment]
         in_space = placed_on(spec, [change.new_ranks[r] for r in spec.ranks])
-        kinds = (Kind.PARAM,) if role == REFERENCE else spec.kinds
+        kinds = (Kind.PARAM,) if role in (REFERENCE, REWARD_MODEL) else spec.kinds  # frozen: parameters only
         out.append(RoleMove(role, src.spec, in_space, kinds))  # type: ignore[arg-type]
     return tuple(out)

@@ -12,7 +12,8 @@ from typing import Optional
 from ..vps.spec import ParallelSpec
 
 ACTOR, CRITIC, REFERENCE, ROLLOUT = "actor", "critic", "reference", "rollout"
-ROLES = (ACTOR, CRITIC, REFERENCE, ROLLOUT)
+REWARD_MODEL = "reward_model"  # a learned reward: forward-only, it scores the samples in the prepare phase
+ROLES = (ACTOR, CRITIC, REFERENCE, REWARD_MODEL, ROLLOUT)
 GENERATE, PREPARE, TRAIN_ACTOR, TRAIN_CRITIC = "generate", "prepare", "train_actor", "train_critic"
 PHASES = (GENERATE, PREPARE, TRAIN_ACTOR, TRAIN_CRITIC)  # the order of one RL step
 WEIGHT_SYNC = "train_to_rollout"  # name of the per-step actor -> rollout weight move (metric names rely on it)

@@ -6,12 +6,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..parallel_layout import ParallelLayout
 from ..vps.spec import ParallelSpec, rollout_spec, train_spec
-from .placement import (ACTOR, CRITIC, GENERATE, PHASES, PREPARE, REFERENCE, ROLLOUT, TRAIN_ACTOR, TRAIN_CRITIC,
-                        Placement, RankSet, RoleSlot, resident)
+from .placement import (ACTOR, CRITIC, GENERATE, HOST, PHASES, PREPARE, REFERENCE, REWARD_MODEL, ROLLOUT, TRAIN_ACTOR,
+                        TRAIN_CRITIC, Placement, RankSet, RoleSlot, resident)
 from .validate import PlacementError, check_placement, check_sets
 
 TRAINING_ROLES = (ACTOR, CRITIC, REFERENCE)
@@ -28,6 +28,7 @@ class PolicyRequest:
     rollout_ranks: int = 0  # split: 0 = half the world
     train_ranks: int = 0  # split: 0 = the rest; lend: the actor's share, 0 = half
     explicit: tuple[tuple[str, RankSet], ...] = ()  # (role, set) pairs from placement.roles
+    offloaded: tuple[str, ...] = ()  # roles parked in host memory outside the phases they compute in
 
 
 def train_spec_on(ranks: RankSet, layout: ParallelLayout) -> ParallelSpec:
@@ -55,7 +56,7 @@ def _active(req: PolicyRequest) -> dict[str, tuple[str, ...]]:
     has = set(req.roles)
     return {
         GENERATE: (ROLLOUT,),
-        PREPARE: tuple(r for r in (ACTOR, REFERENCE, CRITIC) if r in has),
+        PREPARE: tuple(r for r in (ACTOR, REFERENCE, CRITIC, REWARD_MODEL) if r in has),
         TRAIN_ACTOR: (ACTOR,),
         TRAIN_CRITIC: (CRITIC,) if CRITIC in has else (),
     }
@@ -111,6 +112,9 @@ def lend(req: PolicyRequest) -> Placement:
     check_sets(req.world_size, {"placement set of actor": actor_set, "placement set of critic": critic_set},
                disjoint=(("placement set of actor", "placement set of critic"),))
     home = {role: _slot(role, everyone, req) for role in req.roles}
+    if REWARD_MODEL in given:  # the reward model may score on a set of its own; it trains nothing, so it stays there
+        check_sets(req.world_size, {"placement set of reward_model": given[REWARD_MODEL]}, disjoint=())
+        home[REWARD_MODEL] = _slot(REWARD_MODEL, given[REWARD_MODEL], req)
     training = dict(home, **{ACTOR: _slot(ACTOR, actor_set, req), CRITIC: _slot(CRITIC, critic_set, req)})
     slots = {GENERATE: home, PREPARE: dict(home), TRAIN_ACTOR: training, TRAIN_CRITIC: dict(training)}
     return Placement("lend", req.world_size, slots, _active(req), ((TRAIN_ACTOR, TRAIN_CRITIC),))
@@ -131,7 +135,17 @@ def make_placement(req: PolicyRequest) -> Placement:
     if unknown:
         raise PlacementError(
             f"placement.roles names {', '.join(unknown)}, which this run does not have; its roles are "
-            f"{', '.join(req.roles)} (critic only for PPO, reference only when algorithm.kl_coef > 0).")
-    placement = POLICIES[req.policy](req)
+            f"{', '.join(req.roles)} (critic only for PPO, reference only when algorithm.kl_coef > 0, reward_model "
+            f"only when task.reward names rm).")
+    placement = park_idle(POLICIES[req.policy](req), req.offloaded)
     check_placement(placement, req.train.inner, req.rollout_tp)
     return placement
+
+
+def park_idle(placement: Placement, roles: tuple[str, ...]) -> Placement:
+    """`roles` parked in host memory in every phase they do not compute in (moved back before the phase they do)."""
+    if not roles:
+        return placement
+    slots = {phase: {role: slot if role not in roles or role in placement.active[phase] else HOST
+                     for role, slot in by_role.items()} for phase, by_role in placement.slots.items()}
+    return replace(placement, slots=slots)

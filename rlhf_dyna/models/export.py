@@ -64,11 +64,12 @@ def copy_model_files(source_dir: Path, out: Path) -> None:
 
 
 def export_hf_dir(weights: Iterable[tuple[str, Tensor]], source_dir: Path, out_dir: Path, max_shard_bytes: int,
-                  tied_embeddings: bool, write: bool, tokenizer=None) -> Path:
+                  tied_embeddings: bool, write: bool, tokenizer=None, config=None) -> Path:
     """Consumes `weights` on every rank (gathers are collective); only where `write` are files written.
 
     The source dir (the run's model dir: config.json, tokenizer, ...) supplies every file but the weights;
-    a tokenizer with `save(dir)` is written over them, so the export carries the tokenizer the run used."""
+    a tokenizer with `save(dir)` is written over them, so the export carries the tokenizer the run used, and a
+    `config` (an HF config) over config.json, for a model of another class than the source's (a reward model)."""
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     writer = None
     if write:
@@ -84,6 +85,8 @@ def export_hf_dir(weights: Iterable[tuple[str, Tensor]], source_dir: Path, out_d
     copy_model_files(source_dir, tmp)
     if tokenizer is not None and hasattr(tokenizer, "save"):
         tokenizer.save(tmp)
+    if config is not None:
+        config.save_pretrained(tmp)
     old = out_dir.with_name(out_dir.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if out_dir.exists():

@@ -50,14 +50,17 @@ def value_head_init(config: PretrainedConfig, dtype: torch.dtype, seed: int) -> 
     return {f"{VALUE_HEAD}.{name}": t for name, t in head.state_dict().items()}
 
 
-def checkpoint_loader(path: str | Path, device: torch.device, extra: dict[str, torch.Tensor] | None = None
-                      ) -> Callable[[nn.Module], SafetensorsCheckpoint]:
+def checkpoint_loader(path: str | Path, device: torch.device, extra: dict[str, torch.Tensor] | None = None,
+                      renamed: dict[str, str] | None = None) -> Callable[[nn.Module], SafetensorsCheckpoint]:
     """What an engine calls once its meta model is parallelized: allocate the shards, read them, fix the buffers.
+    `renamed`: parameters read from a tensor of another name (a critic's value head from a reward model's score head).
     Returns the checkpoint reader (its `bytes_read` says what this rank read)."""
+    renamed = renamed or {}
+
     def materialize(model: nn.Module) -> SafetensorsCheckpoint:
         model.to_empty(device=device)
         ckpt = SafetensorsCheckpoint.open(path)
-        load_shards_(model, ckpt, extra or {})
+        load_shards_(model, ckpt, extra or {}, name_in_checkpoint=lambda name: renamed.get(name, name))
         recompute_buffers_(model, device)
         return ckpt
     return materialize

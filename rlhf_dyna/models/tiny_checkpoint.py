@@ -5,6 +5,7 @@ tokenizer_config.json, chat_template.jinja, generation_config.json), small enoug
 newcomers without a model hub can try `model.path=DIR task=file`:
 
     python -m rlhf_dyna.models.tiny_checkpoint /tmp/tiny_llama
+    python -m rlhf_dyna.models.tiny_checkpoint /tmp/tiny_rm --reward-model   # a one-label sequence classifier
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from .architectures import live_architectures
 from .build import ModelSpec, build_policy, make_hf_config, save_hf_dir
+from .reward import reward_config
 
 PAD, BOS, EOS, UNK, IM_START, IM_END = "<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK, IM_START, IM_END)
@@ -79,6 +81,20 @@ def make_tiny_checkpoint(out_dir: str | Path, arch: str = "llama", vocab_size: i
     return out
 
 
+def make_tiny_reward_model(out_dir: str | Path, seed: int = 0, **kwargs) -> Path:
+    """The tiny checkpoint's directory as a reward model: the same tokenizer and chat template, a random
+    `AutoModelForSequenceClassification` with one label (backbone and score head seeded) in place of the causal LM."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    out = make_tiny_checkpoint(out_dir, seed=seed, **kwargs)
+    causal = AutoConfig.from_pretrained(out)
+    config = reward_config(causal, causal.pad_token_id)
+    torch.manual_seed(seed + 1)
+    model = AutoModelForSequenceClassification.from_config(config, dtype=kwargs.get("dtype", torch.float32))
+    save_hf_dir(model, config, out)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir")
@@ -88,8 +104,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--no-chat-template", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reward-model", action="store_true", help="a one-label sequence classifier (reward_model.path)")
     args = parser.parse_args()
-    out = make_tiny_checkpoint(args.out_dir, arch=args.arch, hidden_size=args.hidden_size,
+    make = make_tiny_reward_model if args.reward_model else make_tiny_checkpoint
+    out = make(args.out_dir, arch=args.arch, hidden_size=args.hidden_size,
                                intermediate_size=2 * args.hidden_size, num_hidden_layers=args.layers,
                                chat_template=not args.no_chat_template, seed=args.seed,
                                **(dict(num_experts=args.experts, num_experts_per_tok=2,

@@ -16,6 +16,7 @@ class Sample:
     reward: float = 0.0
     finished: bool = True  # ended with EOS (not cut by max_new_tokens)
     reward_parts: dict[str, float] = field(default_factory=dict)  # each named reward fn's value (task=file)
+    prompt: object = None  # the example's prompt (a string or chat messages): what a reward model reads
 
 
 def gather_samples(local: list[Sample], contributes: bool) -> list[Sample]:

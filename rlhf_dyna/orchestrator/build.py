@@ -7,8 +7,9 @@ import torch
 import torch.distributed as dist
 
 from ..config import Config, ModelConfig
-from ..models.build import ModelSpec, build_critic, build_policy, make_hf_config, save_hf_dir
+from ..models.build import VALUE_HEAD, ModelSpec, build_critic, build_policy, make_hf_config, save_hf_dir
 from ..models.meta_init import checkpoint_config, checkpoint_loader, meta_critic, meta_policy, value_head_init
+from ..models.reward import SCORE_HEAD, meta_reward_model, reward_config, score_head_init
 from ..tasks.base import BaseTask, make_task
 from ..tasks.file_task import make_file_task
 from ..tasks.tokenizer import CharTokenizer
@@ -81,7 +82,10 @@ def build_actor(cfg: Config, source: ModelSpec | str, mesh) -> TrainEngine:
 
 
 def build_critic_engine(cfg: Config, source: ModelSpec | str, actor: TrainEngine) -> TrainEngine:
-    """A checkpoint gives the backbone per shard (meta build); the value head is random, seeded, either way."""
+    """A checkpoint gives the backbone per shard (meta build); the value head is random, seeded, either way. With
+    algorithm.critic_init=reward_model the reward model gives both (InstructGPT's critic)."""
+    if cfg.algorithm.critic_init == "reward_model":
+        return critic_from_reward_model(cfg, actor)
     if isinstance(source, str):
         config = checkpoint_config(source)
         head = value_head_init(config, DTYPES["fp32"], seed=cfg.trainer.seed + 1)
@@ -90,6 +94,43 @@ def build_critic_engine(cfg: Config, source: ModelSpec | str, actor: TrainEngine
         critic, materialize = build_critic(source, DTYPES["fp32"], seed=cfg.trainer.seed + 1), None
     return make_engine(critic, actor.mesh, materialize=materialize,
                        **engine_settings(cfg, trainable=True, lr=cfg.algorithm.critic_lr))
+
+
+def critic_from_reward_model(cfg: Config, actor: TrainEngine) -> TrainEngine:
+    """PPO's critic from the reward model (reward_model.path): its backbone, and its score head as the value head
+    (no bias in a score head: the value head's starts at 0), so the critic's first values are the reward model's
+    score of each prefix. Built on meta with the reward model's architecture, loaded per shard beside the actor."""
+    path = cfg.reward_model.path
+    announce(f"building the critic from the reward model {path}...")
+    config = checkpoint_config(path)
+    materialize = checkpoint_loader(path, actor.device, extra={f"{VALUE_HEAD}.bias": torch.zeros(1)},
+                                    renamed={f"{VALUE_HEAD}.weight": f"{SCORE_HEAD}.weight"})
+    return make_engine(meta_critic(config, DTYPES["fp32"]), actor.mesh, materialize=materialize,
+                       **engine_settings(cfg, trainable=True, lr=cfg.algorithm.critic_lr))
+
+
+def build_reward_engine(cfg: Config, mesh) -> TrainEngine:
+    """The reward model (reward_model.path), frozen, built on meta and loaded per shard on `mesh` (dp x tp, ZeRO-3:
+    forward-only, nothing to keep replicated)."""
+    path = cfg.reward_model.path
+    announce(f"building the reward model from {path}...")
+    model = meta_reward_model(checkpoint_config(path), DTYPES["fp32"])
+    return TrainEngine(model, mesh, precision=cfg.trainer.precision, micro_batch_size=cfg.algorithm.micro_batch_size,
+                       trainable=False, zero=3, materialize=checkpoint_loader(path, _device(mesh)))
+
+
+def build_reward_trainee(cfg: Config, mesh, pad_token_id: int) -> TrainEngine:
+    """algorithm.name=reward_model: a one-label sequence classifier from model.path (a causal LM: its backbone, a
+    seeded score head; or a reward model, head included), trainable, loaded per shard on `mesh` (dp x tp). A micro-batch
+    holds `algorithm.micro_batch_size` pairs: twice as many rows, each pair's two rows in one micro-batch."""
+    path = cfg.model.path
+    announce(f"building the reward model to train from {path}...")
+    config = reward_config(checkpoint_config(path), pad_token_id)
+    head = score_head_init(config, DTYPES["fp32"], seed=cfg.trainer.seed + 1)
+    settings = {k: v for k, v in engine_settings(cfg, trainable=True).items() if k != "pp_schedule"}
+    settings["micro_batch_size"] = 2 * cfg.algorithm.micro_batch_size
+    return TrainEngine(meta_reward_model(config, DTYPES["fp32"]), mesh,
+                       materialize=checkpoint_loader(path, _device(mesh), extra=head), **settings)
 
 
 def build_reference(cfg: Config, source: ModelSpec | str, actor: TrainEngine) -> TrainEngine:

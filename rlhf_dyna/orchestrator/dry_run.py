@@ -18,6 +18,7 @@ from ..vps.dryrun import Transition, summarize, write_summary
 from .build import model_source
 from .membership import membership_rows
 from .placements import placement_transitions
+from .reward_dry_run import host_copy_rows
 
 
 def recipe_transitions(cfg: Config) -> list[Transition]:
@@ -73,7 +74,8 @@ def print_table(recipe: str, rows: list[dict]) -> None:
 
 def run_dry_run(cfg: Config, out_dir: Path) -> list[dict]:
     catalog, cluster = model_catalog(cfg), cluster_of(cfg)
-    rows = summarize(catalog, recipe_transitions(cfg), cluster) + membership_rows(cfg, catalog, cluster)
+    rows = summarize(catalog, recipe_transitions(cfg), cluster) + membership_rows(cfg, catalog, cluster) + \
+        host_copy_rows(cfg, catalog)
     print_table(cfg.recipe, rows)
     path = write_summary(rows, out_dir / "plan_summary.json")
     print(f"rlhf_dyna: dry run of {cfg.recipe}: {len(rows)} transition(s) planned, summary in {path}")

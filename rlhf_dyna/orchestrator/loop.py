@@ -13,12 +13,15 @@ from ..launch import DistInfo
 from ..tracking.sample_log import log_samples
 from ..tracking.timeline import write_run_trace
 from .resume import checkpoint_and_export, export_policy, save_due
+from .reward_training import run_reward_training
 from .run import Run, make_run
 from .runtimes import RUNTIMES, Runtime, runtime_name
 from .step import sample_metrics
 
 
 def run_training(cfg: Config, out_dir: Path, dist_info: DistInfo) -> None:
+    if cfg.algorithm.name == "reward_model":  # no generation: preference pairs in, a sequence classifier out
+        return run_reward_training(cfg, out_dir, dist_info)
     run = make_run(cfg, out_dir, dist_info)
     name = runtime_name(cfg.placement)
     if name not in RUNTIMES:
@@ -62,13 +65,14 @@ def rl_step(run: Run, runtime: Runtime, step: int) -> dict[str, float]:
     metrics = runtime.before_step(step)  # e.g. a scheduled change of the training layout
     t0, started = time.perf_counter(), time.time()
     samples, gen_seconds = runtime.generate(step)  # generated and scored on the rollout ranks, gathered everywhere
+    scored = runtime.score(step, samples)  # the reward model's scores join the rewards (none without one)
     if run.tracker is not None and run.cfg.tracking.sample_log > 0:
         log_samples(run.out_dir, step, samples, run.tokenizer, run.cfg.tracking.sample_log)
     batch, prepared = runtime.prepare(step, samples)  # old / reference log-probs, values, advantages
     trained = runtime.train(step, batch, samples, prepared)  # the actor, the critic
     synced = runtime.sync_weights()  # the trained weights into the rollout engine(s)
     metrics.update(sample_metrics(run.cfg, samples, gen_seconds, trained.get("timing_s/train_actor", 0.0)),
-                   **trained, **synced, **{"timing_s/gen": gen_seconds, "timing_s/step": time.perf_counter() - t0})
+                   **scored, **trained, **synced, **{"timing_s/gen": gen_seconds, "timing_s/step": time.perf_counter() - t0})
     return runtime.finish_step(step, metrics, started)
 
 

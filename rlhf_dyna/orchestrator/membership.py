@@ -6,12 +6,13 @@ from ..config import Config
 from ..elastic.events import Event, follow, parse_events
 from ..elastic.membership import GlobalBatch, NewWorld
 from ..elastic.membership_plan import summarize_change
-from ..elastic.placement import ACTOR, CRITIC, REFERENCE
+from ..elastic.placement import ACTOR, CRITIC, REFERENCE, REWARD_MODEL
 from ..elastic.policies import make_placement
 from ..models.value_catalog import value_catalog
 from ..vps.cost import Cluster
 from ..vps.model import ModelCatalog
 from .placements import placement_request
+from .reward_dry_run import reward_model_catalog
 
 
 def global_batch(cfg: Config) -> GlobalBatch:
@@ -28,6 +29,7 @@ def membership_worlds(cfg: Config) -> list[tuple[Event, NewWorld]]:
 
 def membership_rows(cfg: Config, catalog: ModelCatalog, cluster: Cluster) -> list[dict]:
     """One dry-run row per scripted change, `elastic/<leave|join>/<ranks>@<step>`: every training role's state moved
-    into the new world (the critic as the policy's value model)."""
-    catalogs = {ACTOR: catalog, REFERENCE: catalog, CRITIC: value_catalog(catalog)}
+    into the new world (the critic as the policy's value model, a reward model as its own)."""
+    catalogs = {ACTOR: catalog, REFERENCE: catalog, CRITIC: value_catalog(catalog),
+                REWARD_MODEL: reward_model_catalog(cfg, catalog)}
     return [summarize_change(event.name, world, catalogs, cluster) for event, world in membership_worlds(cfg)]

@@ -57,7 +57,7 @@ def generate(cfg: Config, rollout, task: Task, tokenizer: Tokenizer, prompts: li
         for out in outs:
             response = list(out.token_ids)
             samples.append(Sample(prompt_index=start + i, prompt_ids=p_ids, response_ids=response,
-                                  finished=bool(response) and response[-1] in stops))
+                                  finished=bool(response) and response[-1] in stops, prompt=example.prompt))
             examples.append(example)
             texts.append(tokenizer.decode(response))
     score(task, samples, examples, texts)
@@ -84,13 +84,16 @@ def rollouts(cfg: Config, rollout, task: Task, tokenizer: Tokenizer, prompts: li
 
 
 def evaluate(cfg: Config, rollout, task: Task, tokenizer: Tokenizer, layout: RolloutLayout, rank: int,
-             prefix: str = "eval") -> dict[str, float]:
-    """Greedy decoding on the held-out set: exact-match accuracy and mean task reward."""
+             prefix: str = "eval", rescore=None) -> dict[str, float]:
+    """Greedy decoding on the held-out set: exact-match accuracy and mean task reward (`rescore(samples)`, collective,
+    adds what the generating ranks do not score: the reward model's part)."""
     t0 = time.perf_counter()
     examples = task.eval_set()
     usable = len(examples) - len(examples) % layout.replicas
     announce(f"evaluating {usable} prompts ({prefix})...")
     samples, _ = rollouts(cfg, rollout, task, tokenizer, examples[:usable], layout, rank, greedy=True)
+    if rescore is not None:
+        rescore(samples)
     texts = [tokenizer.decode(s.response_ids) for s in samples]
     return {
         f"{prefix}/accuracy": task.eval_accuracy(examples[:usable], texts, [s.reward for s in samples]),

@@ -6,11 +6,18 @@ from dataclasses import replace
 from ..config import Config
 from ..parallel_layout import ParallelLayout
 from ..elastic.placement import (
-    ACTOR, CRITIC, GENERATE, REFERENCE, ROLES, ROLLOUT, TRAIN_ACTOR, Placement, RankSet, changes, weight_sync,
+    ACTOR, CRITIC, GENERATE, REFERENCE, REWARD_MODEL, ROLES, ROLLOUT, TRAIN_ACTOR, Placement, RankSet, changes,
+    weight_sync,
 )
 from ..elastic.policies import PolicyRequest, make_placement
 from ..elastic.rebalance import SplitShape, split_candidates
 from ..elastic.validate import PlacementError
+from ..tasks.rewards import LEARNED, reward_names
+
+
+def scores_with_reward_model(cfg: Config) -> bool:
+    """task.reward names `rm`: the reward model (reward_model.path) is a role of the run."""
+    return cfg.task.name == "file" and LEARNED in reward_names(cfg.task.reward)
 
 def run_roles(cfg: Config) -> tuple[str, ...]:
     roles = [ACTOR]
@@ -18,6 +25,8 @@ def run_roles(cfg: Config) -> tuple[str, ...]:
         roles.append(CRITIC)
     if cfg.algorithm.kl_coef > 0:
         roles.append(REFERENCE)
+    if scores_with_reward_model(cfg):
+        roles.append(REWARD_MODEL)
     return (*roles, ROLLOUT)
 
 
@@ -35,8 +44,9 @@ def explicit_sets(cfg: Config) -> tuple[tuple[str, RankSet], ...]:
 def placement_request(cfg: Config) -> PolicyRequest:
     p = cfg.placement
     layout = ParallelLayout.of(cfg.parallel.train, master_weights=cfg.model.dtype != "float32")
+    offloaded = (REWARD_MODEL,) if cfg.reward_model.offload and scores_with_reward_model(cfg) else ()
     return PolicyRequest(p.policy, cfg.parallel.world_size, run_roles(cfg), layout, cfg.rollout.tp, p.max_staleness,
-                         p.rollout_ranks, p.train_ranks, explicit_sets(cfg))
+                         p.rollout_ranks, p.train_ranks, explicit_sets(cfg), offloaded)
 
 
 def placement_of(cfg: Config) -> Placement:
@@ -79,7 +89,7 @@ def rebalance_transitions(cfg: Config) -> list:
     out = []
     for target in (r for r in nearest if r is not None):
         dst = split_placement(cfg, target).slot(TRAIN_ACTOR, ACTOR).spec
-        for role in (r for r in run_roles(cfg) if r != ROLLOUT):
+        for role in (r for r in run_roles(cfg) if r not in (ROLLOUT, REWARD_MODEL)):  # the RM does not move yet
             name = f"reshard/{role}/rebalance/{start}+{world - start}_to_{target}+{world - target}"
             out.append(Transition(name, src, dst))
     return out

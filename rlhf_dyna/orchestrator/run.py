@@ -16,6 +16,7 @@ from ..launch import DistInfo
 from ..models.build import ModelSpec
 from ..tasks.base import BaseTask
 from ..tasks.hf_tokenizer import build_tokenizer
+from ..tracking.console import CONSOLE_KEYS
 from ..tracking.tracker import Tracker
 from .build import build_task, model_source
 
@@ -53,13 +54,13 @@ class Run:
         """vLLM's sampling seed of a step's rollouts, with global prompt indices: the same samples in every layout."""
         return self.cfg.trainer.seed * SAMPLE_SEED_STRIDE[0] + step * SAMPLE_SEED_STRIDE[1]
 
-    def open_tracker(self) -> None:
-        """Rank 0's metric sinks: metrics.jsonl, wandb and the console."""
+    def open_tracker(self, console_keys: tuple[str, ...] = CONSOLE_KEYS) -> None:
+        """Rank 0's metric sinks: metrics.jsonl, wandb and the console (whose step lines show `console_keys`)."""
         if self.rank == 0:
             cfg = self.cfg
             run_config = OmegaConf.to_container(OmegaConf.structured(cfg))
             self.tracker = Tracker(self.out_dir, asdict(cfg.tracking), cfg.tracking.console, cfg.trainer.total_steps,
-                                   run_config)
+                                   run_config, console_keys)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self.tracker is not None:

@@ -1,7 +1,8 @@
 """Reward functions over a batch, TRL's convention: `fn(prompts, completions, **columns) -> list[float]`.
 
 Built in: `math` (final answer compared by value, through math-verify) and `exact` (stripped string equality);
-both read the ground truth from the column named by `task.answer_key`. Custom: `my_pkg.my_module:my_fn`,
+both read the ground truth from the column named by `task.answer_key`; `rm` is the reward model's score
+(`reward_model.path`), computed by the loop's scoring phase and added to the sum there. Custom: `my_pkg.my_module:my_fn`,
 imported with the working directory on sys.path. Several combine as a weighted sum; each is reported by name.
 """
 from __future__ import annotations
@@ -69,6 +70,7 @@ def exact_reward(prompts: Sequence, completions: Sequence[str], answer_key: str 
 
 
 BUILT_IN: dict[str, RewardFn] = {"math": math_reward, "exact": exact_reward}
+LEARNED = "rm"  # the reward model's score (reward_model.path): no function here, the loop's scoring phase fills it
 
 
 def import_reward(path: str) -> RewardFn:
@@ -114,14 +116,23 @@ class RewardSet:
     """The weighted sum of several reward functions, each checked on every call."""
 
     names: list[str]
-    fns: list[RewardFn]
+    fns: list[RewardFn | None]  # None for `rm`
     weights: list[float]
 
     def score(self, prompts: Sequence, completions: Sequence[str], columns: dict[str, list]) -> tuple[list[float], dict[str, list[float]]]:
-        """Weighted total per completion, and each function's own values by short name."""
-        parts = {short_name(name): call_reward(name, fn, prompts, completions, columns) for name, fn in zip(self.names, self.fns)}
-        totals = [sum(w * values[i] for w, values in zip(self.weights, parts.values())) for i in range(len(completions))]
-        return totals, parts
+        """Weighted total per completion, and each function's own values by short name (`rm` comes later)."""
+        parts = {short_name(name): call_reward(name, fn, prompts, completions, columns)
+                 for name, fn in zip(self.names, self.fns) if name != LEARNED}
+        return [self.weighted({k: v[i] for k, v in parts.items()}) for i in range(len(completions))], parts
+
+    def weighted(self, parts: dict[str, float]) -> float:
+        """One completion's weighted sum of the parts it has, in task.reward's order."""
+        return sum(w * parts[short_name(n)] for n, w in zip(self.names, self.weights) if short_name(n) in parts)
+
+    @property
+    def learned(self) -> bool:
+        """task.reward names the reward model's score."""
+        return LEARNED in self.names
 
 
 def own_traceback(err: BaseException) -> str:
@@ -182,5 +193,6 @@ def build_rewards(reward: Any, weights: Sequence[float] | None, answer_key: str)
     shorts = [short_name(n) for n in names]
     if len(set(shorts)) != len(shorts):
         raise RewardError(f"task.reward names {names} repeat a name ({shorts}); each reward is logged by its name, so use distinct functions.")
-    fns = [functools.partial(BUILT_IN[n], answer_key=answer_key) if n in BUILT_IN else import_reward(n) for n in names]
+    fns = [None if n == LEARNED else functools.partial(BUILT_IN[n], answer_key=answer_key) if n in BUILT_IN
+           else import_reward(n) for n in names]
     return RewardSet(names, fns, [float(w) for w in weights])

@@ -12,7 +12,8 @@ def log_samples(out_dir: Path, step: int, samples: list, tokenizer, limit: int) 
     with open(Path(out_dir) / SAMPLES_FILE, "a") as f:
         for s in samples[:limit]:
             f.write(json.dumps({
-                "step": step, "prompt_index": s.prompt_index, "prompt_ids": s.prompt_ids, "response_ids": s.response_ids,
+                "step": step, "prompt_index": s.prompt_index, "prompt": s.prompt, "prompt_ids": s.prompt_ids,
+                "response_ids": s.response_ids,
                 "prompt_text": tokenizer.decode(s.prompt_ids, skip_special_tokens=False),
                 "response_text": tokenizer.decode(s.response_ids), "reward": s.reward, "reward_parts": s.reward_parts,
             }) + "\n")

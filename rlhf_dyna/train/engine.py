@@ -207,6 +207,11 @@ class TrainEngine:
         """[B, T] value-head outputs of a value model (value at t reads the prefix up to and including t)."""
         return self._inference(input_ids, attention_mask, lambda out, ids: out.values)
 
+    def scores(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """[B] a one-label sequence classifier's score of each row (transformers' pooled value: at the last token
+        that is not the config's pad_token_id)."""
+        return self._inference(input_ids, attention_mask, lambda out, ids: out.logits[:, 0])
+
 
 def reshard(model: nn.Module) -> None:
     for module in model.modules():

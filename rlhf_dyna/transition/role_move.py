@@ -19,6 +19,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from rlhf_dyna.models.build import ValueModel
 from rlhf_dyna.models.catalog import catalog_from_config
+from rlhf_dyna.models.reward import is_reward_model
+from rlhf_dyna.models.reward_catalog import reward_catalog_from_config
 from rlhf_dyna.models.value_catalog import value_catalog_from_config
 from rlhf_dyna.train.engine import TrainEngine, refresh_fsdp_shards
 from rlhf_dyna.train.mesh import layout_of_mesh
@@ -77,9 +79,10 @@ def prepare_optimizer(engine: TrainEngine, step: float) -> None:
 
 def role_catalog(engine: TrainEngine) -> ModelCatalog:
     """The VPS catalog of the engine's model in its live dtype (AdamW's moments share the parameters' dtype):
-    a policy or reference, or the critic's value model."""
+    a policy or reference, the critic's value model, or a reward model."""
     dtype = DTYPE_NAMES[next(engine.model.parameters()).dtype]
-    make = value_catalog_from_config if isinstance(engine.model, ValueModel) else catalog_from_config
+    make = value_catalog_from_config if isinstance(engine.model, ValueModel) else \
+        reward_catalog_from_config if is_reward_model(engine.model) else catalog_from_config
     return make(engine.model.config, dtype, dtype)
 
 
@@ -115,7 +118,7 @@ def move_role_state(source: TrainEngine | None, destination: TrainEngine | None,
     return RoleMoveStats(time.perf_counter() - start, t.bytes_between_ranks, stats.rounds, stats.peak_extra_bytes)
 
 
-def _storages(engine: TrainEngine) -> dict[int, torch.UntypedStorage]:
+def state_storages(engine: TrainEngine) -> dict[int, torch.UntypedStorage]:
     """The distinct storages behind the engine's sharded parameters and AdamW moments (FSDP2 keeps a padded flat
     buffer per parameter; the local shard is a view of it)."""
     out = {}
@@ -135,7 +138,7 @@ class ParkedState:
 
     def park(self, engine: TrainEngine) -> int:
         freed = 0
-        for storage in _storages(engine).values():
+        for storage in state_storages(engine).values():
             self._sizes[id(storage)] = (storage, storage.nbytes())
             freed += storage.nbytes()
             storage.resize_(0)

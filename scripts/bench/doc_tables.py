@@ -120,7 +120,29 @@ def results(bench: Path, prefix: str = "docs/bench/") -> str:
         f"{_split(move['to_rollout_ranks'], ranks)} ranks)",
         f"the move cost the step it served {move['lost_s']:.3f} s, **{100 * move['share_of_its_step']:.1f}%**",
         "placement_rebalance.json", rebalance["date"])
+
+    pipeline = read(bench, "rm_pipeline.json")
+    summary = pipeline["summary"]
+    row(f"the classic RLHF pipeline (pairs -> reward model -> PPO), tiny Llama",
+        f"reward model held-out pair accuracy {summary['rm_heldout_accuracy_end']:.2f}; PPO with it: sevens per "
+        f"completion (the rule the pairs encode) {summary['ppo_sevens_per_completion_first5']:.2f} -> "
+        f"**{summary['ppo_sevens_per_completion_last5']:.2f}** in {pipeline['ppo_steps']} steps", "rm_pipeline.json",
+        pipeline["date"])
     return "\n".join(["| what | measured | data |", "|---|---|---|", *rows])
+
+
+def rm_pipeline(result: dict) -> str:
+    """docs/reward_models.md: the pipeline's two stages, first and last values, from rm_pipeline.json."""
+    s = result["summary"]
+    lines = ["| stage | measured | start | end |", "|---|---|---|---|",
+             f"| reward model ({result['rm_steps']} steps, recipe=reward_tiny) | held-out pair accuracy | "
+             f"{s['rm_heldout_accuracy_start']:.3f} | {s['rm_heldout_accuracy_end']:.3f} |",
+             f"| PPO ({result['ppo_steps']} steps, recipe=ppo_rm_tiny) | reward/rm/mean (mean of first / last 5 steps) | "
+             f"{s['ppo_rm_mean_first5']:.2f} | {s['ppo_rm_mean_last5']:.2f} |",
+             f"| PPO | sevens per completion, by the rule (first / last 5 steps) | "
+             f"{s['ppo_sevens_per_completion_first5']:.2f} | {s['ppo_sevens_per_completion_last5']:.2f} |"]
+    return "\n".join(lines) + (f"\n\nData: [`rm_pipeline.json`](bench/rm_pipeline.json) ({result['date']}, "
+                                f"{result['machine']}); {s['rm_seconds']:.0f} s and {s['ppo_seconds']:.0f} s of wall time.")
 
 
 def reshard_history(bench: Path) -> str:
@@ -324,4 +346,20 @@ def placement_table(result: dict) -> str:
         for r in result["simulation"][key]:
             sets = ", ".join(f"{k} {v}" for k, v in r["sets"].items())
             lines.append(f"| {r['policy']} | {sets} | {r['step_s']:.3f} | {r['transition_s']:.4f} |")
+    if "reward_model" in result:
+        lines += ["", *reward_model_placements(result["reward_model"])]
     return "\n".join(lines) + f"\n\nData: `bench_placement.json` ({result['date']}, {result['machine']})."
+
+
+def reward_model_placements(rm: dict) -> list[str]:
+    """PPO with a reward model, live on the same ranks under each placement: its scoring phase and moves."""
+    m = rm["model"]
+    lines = [f"reward model beside PPO, live on {rm['world_size']} ranks ({rm['date']}; policy, critic and reward model "
+             f"hidden {m['hidden_size']} x {m['num_hidden_layers']} layers; {rm['prompts_per_step']} prompts x 4 samples, "
+             f"median of steps 2-{rm['steps']}):", "",
+             "| placement | step s | timing_s/reward_model | share of step | reward model moves s | moved MiB |",
+             "|---|---|---|---|---|---|"]
+    for name, r in rm["placements"].items():
+        lines.append(f"| {name} | {r['step_s']:.2f} | {r['reward_model_s']:.3f} | {r['reward_model_s'] / r['step_s']:.1%} "
+                     f"| {r['moves_s']:.3f} | {r['moved_bytes'] / 2**20:.1f} |")
+    return lines

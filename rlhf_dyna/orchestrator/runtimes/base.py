@@ -1,11 +1,12 @@
 """The interface of a placement policy's runtime: where each phase of an RL step runs, and what moves between phases.
 
 The loop (orchestrator/loop.py) calls, in this order: `start`, `warm_up`, `build_roles`, `restore` (resuming),
-`sync_weights`, `begin`; then for every step `before_step`, `generate`, `prepare`, `train`, `sync_weights`,
+`sync_weights`, `begin`; then for every step `before_step`, `generate`, `score`, `prepare`, `train`, `sync_weights`,
 `finish_step`, and `evaluate` and the checkpoint when due; `close` at the end. Every method is collective: every rank
 calls it, whether or not it holds the role that computes (the others wait in the method's collectives).
 
-The base class implements what placements share: the reference and critic built beside the actor, the prepare
+The base class implements what placements share: the reference and critic built beside the actor, the reward model
+on its placement's rank set (orchestrator/reward_scoring.py) and its scores joining the rewards, the prepare
 phase (old and reference log-probs, values, advantages) and training on the ranks that hold the actor, evaluation on
 the rollout layout, the supervised warm-up. A policy overrides what it does differently.
 """
@@ -24,6 +25,7 @@ from ..batch import Sample, pack, rank_rows
 from ..build import build_critic_engine, build_reference
 from ..phases import evaluate, rollouts, supervised_warmup
 from ..resume import RunState, restore_run
+from ..reward_scoring import RewardScorer, make_scorer
 from ..run import Run
 from ..advantages import compute_advantages
 from ..step import kl_metrics_and_update, train_roles
@@ -37,6 +39,7 @@ class Runtime(ABC):
         self.actor: TrainEngine | None = None  # this rank's engines; None where it holds none
         self.reference: TrainEngine | None = None
         self.critic: TrainEngine | None = None
+        self.scorer: RewardScorer | None = None  # the reward-model role, on every rank when task.reward names rm
         self.rollout = None  # this rank's rollout engine, if it generates
         self.rollout_layout: RolloutLayout | None = None  # set by start()
         self.actor_first_rank = 0  # the first rank holding the actor: it writes the export, its metrics are shared
@@ -60,8 +63,10 @@ class Runtime(ABC):
         return {**metrics, **self.from_actor(sft)}
 
     def build_roles(self) -> None:
-        """The reference (a frozen copy of the warmed-up actor) and PPO's critic, beside the actor."""
+        """The reward model on its rank set; the reference (a frozen copy of the warmed-up actor) and PPO's critic,
+        beside the actor."""
         cfg = self.cfg
+        self.scorer = make_scorer(cfg, self.run.task, self.run.tokenizer)  # collective: its set's groups
         if self.actor is None:
             return
         if cfg.algorithm.kl_coef > 0:
@@ -87,6 +92,11 @@ class Runtime(ABC):
         prompts = run.task.train_prompts(step, self.cfg.task.prompts_per_step, run.rng)  # same on every rank
         return rollouts(self.cfg, self.rollout, run.task, run.tokenizer, prompts, self.rollout_layout, self.rank,
                         seed=run.sample_seed(step))
+
+    def score(self, step: int, samples: list[Sample]) -> dict[str, float]:
+        """The reward model's scores join the samples' rewards on every rank (nothing without one);
+        timing_s/reward_model and the reward model's host copies."""
+        return self.scorer.apply(samples) if self.scorer is not None else {}
 
     def prepare(self, step: int, samples: list[Sample]) -> tuple[dict | None, dict[str, float]]:
         """This rank's rows of the step with old / reference log-probs, values and advantages (None off the actor's
@@ -126,7 +136,8 @@ class Runtime(ABC):
     # --- evaluation and checkpoints -----------------------------------------------------------------------------
     def evaluate(self, prefix: str = "eval") -> dict[str, float]:
         run = self.run
-        return evaluate(self.cfg, self.rollout, run.task, run.tokenizer, self.rollout_layout, self.rank, prefix)
+        rescore = self.scorer.apply if self.scorer is not None else None
+        return evaluate(self.cfg, self.rollout, run.task, run.tokenizer, self.rollout_layout, self.rank, prefix, rescore)
 
     def engines(self) -> dict[str, TrainEngine | None]:
         """This rank's engines by checkpoint role (None where it holds none)."""
