@@ -19,6 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from rlhf_dyna.train.logprobs import logits_to_keep, token_logprobs
 from rlhf_dyna.train.parallelize import parallelize
 
 
@@ -30,13 +31,6 @@ class LossNorm:
 
 
 LossFn = Callable[[object, dict[str, Tensor], LossNorm], tuple[Tensor, dict[str, float]]]
-
-
-def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
-    """[B, T] log p(input_ids[:, t] | input_ids[:, <t]) under softmax(logits / temperature); column 0 is 0."""
-    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    picked = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return torch.nn.functional.pad(picked, (1, 0))
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -115,12 +109,16 @@ class TrainEngine:
         return [{k: v[i : i + mbs].to(self.device) for k, v in batch.items()} for i in range(0, size, mbs)]
 
     def forward(self, micro_batch: dict[str, Tensor]) -> object:
-        """HF forward with mask-derived positions; returns the model's output (`.logits` or `.values`)."""
+        """HF forward with mask-derived positions; returns the model's output (`.logits` or `.values`). A causal LM
+        given the loss mask keeps the logits of the last positions only, from the column before the mask's first
+        token on (`train.logprobs.logits_to_keep`): the LM head runs where a loss reads log-probs."""
         mask = micro_batch["attention_mask"]
-        moe = {"output_router_logits": True} if self.returns_aux_loss else {}  # HF then returns the router's aux_loss
+        extra = {"output_router_logits": True} if self.returns_aux_loss else {}  # HF then returns the router's aux_loss
+        if self.loss_mask_key in micro_batch and hasattr(self.model, "lm_head"):
+            extra["logits_to_keep"] = logits_to_keep(micro_batch[self.loss_mask_key])
         return self.model(
             input_ids=micro_batch["input_ids"], attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False,
-            **moe,
+            **extra,
         )
 
     @property
@@ -191,17 +189,23 @@ class TrainEngine:
         return float(total)
 
     @torch.no_grad()
-    def _inference(self, input_ids: Tensor, attention_mask: Tensor, read: Callable[[object, Tensor], Tensor]) -> Tensor:
+    def _inference(self, input_ids: Tensor, attention_mask: Tensor, read: Callable[[object, Tensor], Tensor],
+                   loss_mask: Tensor | None = None) -> Tensor:
         self.model.eval()
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if loss_mask is not None:
+            batch[self.loss_mask_key] = loss_mask
         out = torch.cat([read(self.forward(mb), mb["input_ids"]).float().cpu() for mb in self._micro_batches(batch)])
         if self.zero == 3:
             reshard(self.model)  # the root stays unsharded after a no-grad forward; free it
         return out
 
-    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0) -> Tensor:
-        """[B, T] log-probs of each token given its prefix (column 0 is 0); mask with the response mask."""
-        return self._inference(input_ids, attention_mask, lambda out, ids: token_logprobs(out.logits, ids, temperature))
+    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0,
+                 response_mask: Tensor | None = None) -> Tensor:
+        """[B, T] log-probs of each token given its prefix (column 0 is 0); mask with the response mask. Given the
+        mask, columns before its first token are 0 (the LM head skips them)."""
+        return self._inference(input_ids, attention_mask, lambda out, ids: token_logprobs(out.logits, ids, temperature),
+                               response_mask)
 
     def values(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """[B, T] value-head outputs of a value model (value at t reads the prefix up to and including t)."""
