@@ -106,6 +106,7 @@ class AlgorithmConfig:
     epochs: int = 1  # passes over each step's rollouts
     mini_batches: int = 1  # optimizer steps per pass
     micro_batch_size: int = 16  # per rank, gradient accumulation above it
+    micro_batch_tokens: int = 0  # > 0: micro-batches packed by length, rows x longest row <= this (replaces micro_batch_size)
 
 
 @dataclass

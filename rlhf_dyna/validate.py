@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .algos.choices import KL_CONTROLLERS, KL_ESTIMATOR_NAMES, LOSS_AGGS
 from .checks.errors import ConfigError
+from .checks.micro_batches import check_micro_batches
 from .config import Config, LayoutConfig, ModelConfig
 from .validate_algorithm import check_algorithm
 from .validate_moe import MoeConfigError, check_moe_live, is_moe
@@ -308,6 +309,7 @@ def check_resources(cfg: Config, under_torchrun: bool) -> None:
 def validate(cfg: Config, under_torchrun: bool = False) -> None:
     check_choices(cfg)
     check_values(cfg)
+    check_micro_batches(cfg)
     check_algorithm(cfg, ConfigError)
     check_layouts(cfg)
     from .orchestrator.placements import check_placement_config  # here: it imports ConfigError from this module

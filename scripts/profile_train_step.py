@@ -1,9 +1,12 @@
-"""Where a GRPO step's engine time goes at a real model's shape: the prepare phase's old-log-prob forward and the
-actor's training step (forward, loss, backward, optimizer), on 2 gloo ranks built as the app builds them.
+"""Where a GRPO step's engine time goes at a real model's shape: the prepare phase (`compute_advantages`: old
+log-probs where needed, advantages) and the actor's training step (forward, loss, backward, optimizer), on 2 gloo
+ranks built as the app builds them. Version-agnostic (it calls only what the loop calls): run it against another
+checkout with PYTHONPATH=THAT_CHECKOUT to compare.
 
-Each rank holds `--rows` rows of prompt (`--prompt` tokens, +-8) + `--response` sampled tokens, as
-`orchestrator.batch.pack` lays them out. Prints per phase the median wall and CPU seconds of `--repeats` runs after a
-warm-up, the train phase's peak resident memory per rank, and with `--trace` torch.profiler's top operators of rank 0.
+The step's rollouts are `--rows` x 2 random samples (n=2) of prompt (`--prompt` tokens, +-8) + `--response` tokens,
+laid out by `orchestrator.batch.pack` and split over the ranks as the loop splits them. Prints per phase the median
+wall and CPU seconds of `--repeats` runs after a warm-up, the train phase's peak resident memory per rank, and with
+`--trace` torch.profiler's top operators of rank 0.
 
     python -m rlhf_dyna.models.tiny_checkpoint /tmp/smollm --size smollm-135m
     PYTHONPATH=. python scripts/profile_train_step.py /tmp/smollm [--precision bf16] [--trace] [--out FILE.json]
@@ -24,23 +27,23 @@ import torch.distributed as dist
 
 from bench.measure import PeakExtraMemory, resident_bytes
 from bench.ranks import init_rank, launch
-from rlhf_dyna.config import AlgorithmConfig
+from rlhf_dyna.config import AlgorithmConfig, Config, RolloutConfig
 from rlhf_dyna.models.meta_init import checkpoint_config, checkpoint_loader, meta_policy
-from rlhf_dyna.orchestrator.batch import Sample, pack
+from rlhf_dyna.orchestrator.advantages import compute_advantages
+from rlhf_dyna.orchestrator.batch import Sample, pack, rank_rows
 from rlhf_dyna.orchestrator.objectives import actor_loss
+from rlhf_dyna.orchestrator.setup import RankContext
 from rlhf_dyna.train.mesh import build_mesh
 from rlhf_dyna.train.pipeline_engine import make_engine
 
 WORLD = 2
 
 
-def batch_of(rows: int, prompt: int, response: int, vocab: int, seed: int) -> dict[str, torch.Tensor]:
-    rng = random.Random(seed)
-    samples = [Sample(i, [rng.randrange(vocab) for _ in range(prompt + rng.randint(-8, 8))],
-                      [rng.randrange(vocab) for _ in range(response)]) for i in range(rows)]
-    batch = pack(samples, pad_id=0)
-    batch["advantages"] = torch.randn(rows, generator=torch.Generator().manual_seed(seed))
-    return batch
+def samples_of(count: int, prompt: int, response: int, vocab: int) -> list[Sample]:
+    rng = random.Random(0)
+    return [Sample(i // 2, [rng.randrange(1, vocab) for _ in range(prompt + rng.randint(-8, 8))],
+                   [rng.randrange(1, vocab) for _ in range(response)], reward=float(rng.random() < 0.5))
+            for i in range(count)]
 
 
 def timed(fn) -> tuple[float, float, object]:
@@ -55,15 +58,16 @@ def rank_main(rank: int, port: int, args: argparse.Namespace, out_path: str) -> 
     engine = make_engine(meta_policy(config, torch.float32), build_mesh(WORLD, 1),
                          materialize=checkpoint_loader(args.checkpoint, torch.device("cpu")), precision=args.precision,
                          micro_batch_size=args.micro_batch_size, zero=args.zero, lr=1e-6, **args.engine)
-    alg = AlgorithmConfig(**args.algorithm)
-    loss_fn = actor_loss(alg, temperature=1.0, max_new_tokens=args.response)
-    batch = batch_of(args.rows, args.prompt, args.response, config.vocab_size, seed=rank)
+    cfg = Config(algorithm=AlgorithmConfig(**args.algorithm), rollout=RolloutConfig(n=2, max_new_tokens=args.response))
+    loss_fn = actor_loss(cfg.algorithm, temperature=1.0, max_new_tokens=args.response)
+    samples = samples_of(args.rows * WORLD, args.prompt, args.response, config.vocab_size)
+    ctx = RankContext(rank=rank, world=WORLD, dp=WORLD, tp=1, rollout_tp=1)
     runs: dict[str, list[tuple[float, float]]] = {"prepare": [], "train": []}
     peak = 0
     for repeat in range(args.repeats + 1):
+        batch = rank_rows(pack(samples, pad_id=0), rank, WORLD, cfg.algorithm.mini_batches)
         dist.barrier()
-        wall, cpu, old = timed(lambda: engine.logprobs(batch["input_ids"], batch["attention_mask"]))
-        batch["old_logprobs"] = old
+        wall, cpu, _ = timed(lambda: compute_advantages(cfg, batch, samples, ctx, engine, None, None, 0.0))
         if repeat:
             runs["prepare"].append((wall, cpu))
         dist.barrier()

@@ -20,6 +20,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from rlhf_dyna.train.logprobs import logits_to_keep, token_logprobs
+from rlhf_dyna.train.micro_batches import MicroBatch, fixed_rows, pack_by_tokens, row_lengths, split_to, take, token_budget_plan
 from rlhf_dyna.train.parallelize import parallelize
 
 
@@ -54,6 +55,7 @@ class TrainEngine:
         grad_clip: float | None = 1.0,
         precision: str = "fp32",
         micro_batch_size: int | None = None,
+        micro_batch_tokens: int = 0,
         trainable: bool = True,
         loss_mask_key: str = "response_mask",
         zero: int = 3,
@@ -63,6 +65,7 @@ class TrainEngine:
         self.zero = zero  # ZeRO stage on FSDP2; see parallelize.apply_fsdp for what 1/2/3 mean here
         self.precision = precision
         self.micro_batch_size = micro_batch_size
+        self.micro_batch_tokens = micro_batch_tokens  # > 0: rows packed by length under this budget (train.micro_batches)
         self.grad_clip = grad_clip
         self.loss_mask_key = loss_mask_key
         self.device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
@@ -100,13 +103,23 @@ class TrainEngine:
     def _dp_sum(self, values: list[float]) -> list[float]:
         return self.dp_sum(torch.tensor(values, dtype=torch.float64)).tolist()
 
-    def _micro_batches(self, batch: dict[str, Tensor]) -> list[dict[str, Tensor]]:
-        size = next(iter(batch.values())).shape[0]
+    def _micro_batch_plan(self, batch: dict[str, Tensor]) -> list[MicroBatch]:
+        """micro_batch_size rows each, or packed by length under micro_batch_tokens, in as many micro-batches as the
+        other dp ranks (collective over dp)."""
+        size, width = batch["input_ids"].shape
         sizes = self._dp_sum([size, size * size])  # equal sizes on all dp ranks <=> mean(size^2) == mean(size)^2
         if sizes[1] * self.dp_size != sizes[0] ** 2:
             raise ValueError(f"dp ranks pass different batch sizes (this rank: {size}); every dp rank needs the same")
-        mbs = self.micro_batch_size or size
-        return [{k: v[i : i + mbs].to(self.device) for k, v in batch.items()} for i in range(0, size, mbs)]
+        if not self.micro_batch_tokens:
+            return fixed_rows(size, width, self.micro_batch_size or size)
+        lengths = row_lengths(batch["attention_mask"])
+        groups = pack_by_tokens(lengths, self.micro_batch_tokens)
+        count = torch.tensor([len(groups)], device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.mesh["dp"].get_group())
+        return token_budget_plan(split_to(groups, int(count), lengths), lengths)
+
+    def _micro_batches(self, batch: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+        return [take(batch, micro, self.device) for micro in self._micro_batch_plan(batch)]
 
     def forward(self, micro_batch: dict[str, Tensor]) -> object:
         """HF forward with mask-derived positions; returns the model's output (`.logits` or `.values`). A causal LM
@@ -195,7 +208,10 @@ class TrainEngine:
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}
         if loss_mask is not None:
             batch[self.loss_mask_key] = loss_mask
-        out = torch.cat([read(self.forward(mb), mb["input_ids"]).float().cpu() for mb in self._micro_batches(batch)])
+        out = torch.zeros(input_ids.shape, dtype=torch.float32)  # columns past a micro-batch's width are padding
+        for micro in self._micro_batch_plan(batch):
+            mb = take(batch, micro, self.device)
+            out[micro.rows, :micro.width] = read(self.forward(mb), mb["input_ids"]).float().cpu()
         if self.zero == 3:
             reshard(self.model)  # the root stays unsharded after a no-grad forward; free it
         return out

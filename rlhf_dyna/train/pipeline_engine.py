@@ -38,6 +38,9 @@ class PipelineEngine(TrainEngine):
     def __init__(self, model: nn.Module, mesh: DeviceMesh, schedule: str = "1F1B", **kwargs) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"pp schedule={schedule!r}; valid: {sorted(SCHEDULES)}")
+        if kwargs.get("micro_batch_tokens"):
+            raise ValueError(f"micro_batch_tokens={kwargs['micro_batch_tokens']} with pipeline parallel: a pipeline's "
+                             f"micro-batches have one static shape; use micro_batch_size (micro_batch_tokens=0)")
         self.schedule_name = schedule
         self.pp_mesh = mesh["pp"]
         self.spec = train_spec(mesh["dp"].size(), mesh["tp"].size(), pp=self.pp_mesh.size())
@@ -107,7 +110,7 @@ class PipelineEngine(TrainEngine):
 
     def _split(self, batch: dict[str, Tensor]) -> tuple[int, int]:
         """(micro-batches, rows each): equal micro-batches of micro_batch_size rows."""
-        self._micro_batches(batch)  # checks that every dp rank passes the same batch size
+        self._micro_batch_plan(batch)  # checks that every dp rank passes the same batch size
         rows = batch["input_ids"].shape[0]
         mbs = min(self.micro_batch_size or rows, rows)
         if rows % mbs:
@@ -228,7 +231,7 @@ class PipelineEngine(TrainEngine):
         return self._broadcast_from_last(result.to(self.device).contiguous()).cpu()
 
     def _split_forward(self, batch: dict[str, Tensor]) -> tuple[int, int]:
-        self._micro_batches(batch)
+        self._micro_batch_plan(batch)
         rows = batch["input_ids"].shape[0]
         mbs = min(self.micro_batch_size or rows, rows)
         while rows % mbs:  # forward-only: any equal split works; the largest that fits micro_batch_size
