@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .vllm_engine import VLLMRollout
+from .vllm_engine import VLLMRollout, platform_engine_args
 
 SHM_DIR = Path("/dev/shm")
 
@@ -68,7 +68,7 @@ class SubsetVLLMRollout(VLLMRollout):
                 skip_tokenizer_init=True, enforce_eager=True, kv_cache_memory_bytes=kv_cache_bytes or None, seed=seed,
                 dtype=dtype, max_model_len=max_model_len, logprobs_mode=logprobs_mode,
                 enable_prefix_caching=enable_prefix_caching, **({} if block_size is None else {"block_size": block_size}),
-                worker_extension_cls=f"{__name__}.ShmWeightInstall",
+                worker_extension_cls=f"{__name__}.ShmWeightInstall", **platform_engine_args(max_model_len),
             )
         finally:
             if previous is None:
