@@ -124,6 +124,7 @@ class AlgorithmConfig:
     micro_batch_size: int = 16  # per rank, gradient accumulation above it
     critic_init: str = "policy"  # PPO's critic: policy (its backbone, a seeded value head) | reward_model (InstructGPT)
     pair_loss: str = "bradley_terry"  # algorithm.name=reward_model: a loss of algos.pairwise.PAIR_LOSSES
+    micro_batch_tokens: int = 0  # > 0: micro-batches packed by length, rows x longest row <= this (replaces micro_batch_size)
 
 
 @dataclass

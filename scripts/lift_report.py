@@ -4,7 +4,8 @@
     python scripts/lift_report.py --runs DIR [DIR...]  # summarises finished run dirs (wall time from file times)
 
 Writes docs/bench/grpo_tiny_lift.json (or --out): per run the overrides, eval accuracy per step, pre-warm-up / step-0
-/ final accuracy, the RL lift (final - step 0), wall time and the load average seen.
+/ final accuracy, the RL lift (final - step 0), wall time, the median seconds of each timed phase of the RL steps and
+the load average seen.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,10 +34,12 @@ def summarise(run_dir: Path, wall_s: float | None, how: str) -> dict:
     if wall_s is None:  # from the run dir's first file to the last metrics line
         wall_s = (run_dir / "metrics.jsonl").stat().st_mtime - (run_dir / ".hydra").stat().st_mtime
     start, last = min(evals), max(evals)
+    phases = sorted({k for r in rows for k in r if k.startswith("timing_s/") and "step" in r and k != "timing_s/eval"})
+    timings = {k: round(statistics.median(r[k] for r in rows if k in r), 4) for k in phases}
     return {"run_dir": run_dir.name, "overrides": overrides, "pre_warmup_accuracy": pre,
             "accuracy_after_warmup": evals[start], "final_step": last, "final_accuracy": evals[last],
             "rl_lift": round(evals[last] - evals[start], 4), "best_accuracy": max(evals.values()),
-            "wall_s": round(wall_s, 1), "wall_from": how,
+            "wall_s": round(wall_s, 1), "wall_from": how, "median_timing_s": timings,
             "eval_accuracy": {str(k): round(v, 4) for k, v in sorted(evals.items())}}
 
 

@@ -10,6 +10,7 @@ from .elastic import check_elastic
 from ..errors import ConfigError
 from .gpu import check_gpu
 from .layouts import check_layouts, check_runs_live
+from .micro_batches import check_micro_batches
 from .model_files import check_weight_files
 from .placement import check_placement_config
 from .resources import check_resources
@@ -22,6 +23,7 @@ __all__ = ["ConfigError", "check_config"]
 def check_config(cfg: Config, under_torchrun: bool = False) -> None:
     check_choices(cfg)
     check_values(cfg)
+    check_micro_batches(cfg)
     check_algorithm(cfg)
     check_layouts(cfg)
     check_placement_config(cfg)

@@ -6,6 +6,7 @@ newcomers without a model hub can try `model.path=DIR task=file`:
 
     python -m rlhf_dyna.models.tiny_checkpoint /tmp/tiny_llama
     python -m rlhf_dyna.models.tiny_checkpoint /tmp/tiny_rm --reward-model   # a one-label sequence classifier
+    python -m rlhf_dyna.models.tiny_checkpoint /tmp/smollm_shape --size smollm-135m   # a real model's cost
 """
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+# Random-weight checkpoints of a real model's shape cost what the real one costs (benchmarks: scripts/bench_peer.py).
+SIZES: dict[str, dict] = {
+    "smollm-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                        num_key_value_heads=3, embedding_rows=49152, tie_word_embeddings=True,
+                        max_position_embeddings=2048),
+}
 
 
 def corpus() -> list[str]:
@@ -53,9 +62,10 @@ def make_tiny_checkpoint(out_dir: str | Path, arch: str = "llama", vocab_size: i
                          num_key_value_heads: int = 2, max_position_embeddings: int = 512,
                          tie_word_embeddings: bool = False, chat_template: bool = True, seed: int = 0,
                          dtype: torch.dtype = torch.float32, initializer_range: float = 0.02, num_experts: int = 0,
-                         num_experts_per_tok: int = 0, moe_intermediate_size: int = 0) -> Path:
+                         num_experts_per_tok: int = 0, moe_intermediate_size: int = 0, embedding_rows: int = 0) -> Path:
     """Write the directory and return its path. head_dim = hidden / heads must be one vLLM's CPU attention takes
-    (32, 64, 80, ...). The embedding has exactly the tokenizer's size, rounded up to a multiple of 16 (TP splits it)."""
+    (32, 64, 80, ...). The embedding has the tokenizer's size rounded up to a multiple of 16 (TP splits it), or
+    `embedding_rows` when that is larger (a real model's vocabulary; ids past the tokenizer decode to nothing)."""
     from transformers import GenerationConfig, PreTrainedTokenizerFast
 
     out = Path(out_dir)
@@ -66,7 +76,7 @@ def make_tiny_checkpoint(out_dir: str | Path, arch: str = "llama", vocab_size: i
         tokenizer.chat_template = CHAT_TEMPLATE
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     spec = ModelSpec(
-        arch=arch, vocab_size=-(-len(tokenizer) // 16) * 16, hidden_size=hidden_size,
+        arch=arch, vocab_size=max(-(-len(tokenizer) // 16) * 16, embedding_rows), hidden_size=hidden_size,
         intermediate_size=intermediate_size, num_hidden_layers=num_hidden_layers,
         num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
         max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings,
@@ -99,6 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir")
     parser.add_argument("--arch", default="llama", choices=live_architectures())
+    parser.add_argument("--size", choices=sorted(SIZES), help="a real model's shape (overrides --hidden-size, --layers)")
     parser.add_argument("--experts", type=int, default=4, help="qwen3_moe only: experts per layer (2 routed per token)")
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
@@ -106,12 +117,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reward-model", action="store_true", help="a one-label sequence classifier (reward_model.path)")
     args = parser.parse_args()
+    shape = SIZES[args.size] if args.size else dict(hidden_size=args.hidden_size, intermediate_size=2 * args.hidden_size,
+                                                   num_hidden_layers=args.layers)
+    experts = dict(num_experts=args.experts, num_experts_per_tok=2, moe_intermediate_size=shape["hidden_size"] // 2)
     make = make_tiny_reward_model if args.reward_model else make_tiny_checkpoint
-    out = make(args.out_dir, arch=args.arch, hidden_size=args.hidden_size,
-                               intermediate_size=2 * args.hidden_size, num_hidden_layers=args.layers,
-                               chat_template=not args.no_chat_template, seed=args.seed,
-                               **(dict(num_experts=args.experts, num_experts_per_tok=2,
-                                       moe_intermediate_size=args.hidden_size // 2) if args.arch == "qwen3_moe" else {}))
+    out = make(args.out_dir, arch=args.arch, chat_template=not args.no_chat_template, seed=args.seed,
+               **shape, **(experts if args.arch == "qwen3_moe" else {}))
     config = json.loads((out / "config.json").read_text())
     print(f"wrote {out}: {config['architectures'][0]}, vocab {config['vocab_size']}, hidden {config['hidden_size']}, "
           f"{config['num_hidden_layers']} layers")

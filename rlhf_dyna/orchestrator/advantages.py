@@ -16,16 +16,20 @@ from ..algos.kl import kl_penalty
 from ..algos.ppo import token_rewards
 from ..config import Config
 from .batch import Sample, rank_rows
+from .objectives import old_logprobs_needed
 
 
 def compute_advantages(cfg: Config, batch: dict, samples: list[Sample], actor, ref, critic,
                        kl_coef: float) -> dict[str, float]:
-    """Adds old_logprobs, ref_logprobs, (old_values, returns) and advantages to this rank's batch shard, in place;
-    returns advantage (and return) statistics over the whole batch, the same on every rank."""
+    """Adds old_logprobs (where `old_logprobs_needed`), ref_logprobs, (old_values, returns) and advantages to this
+    rank's batch shard, in place; returns advantage (and return) statistics over the whole batch, the same on every
+    rank. Log-probs are 0 outside the response mask's columns (the LM head runs on response positions only)."""
     alg = cfg.algorithm
-    batch["old_logprobs"] = actor.logprobs(batch["input_ids"], batch["attention_mask"], cfg.rollout.temperature)
+    rows = (batch["input_ids"], batch["attention_mask"], cfg.rollout.temperature, batch["response_mask"])
+    if old_logprobs_needed(alg):
+        batch["old_logprobs"] = actor.logprobs(*rows)
     if ref is not None:
-        batch["ref_logprobs"] = ref.logprobs(batch["input_ids"], batch["attention_mask"], cfg.rollout.temperature)
+        batch["ref_logprobs"] = ref.logprobs(*rows)
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
     mine = lambda per_sample: rank_rows({"x": per_sample}, actor.dp_rank, actor.dp_size, alg.mini_batches)["x"]
     est = ESTIMATORS[alg.adv_estimator]

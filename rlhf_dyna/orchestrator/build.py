@@ -63,7 +63,8 @@ def engine_settings(cfg: Config, trainable: bool, lr: float | None = None) -> di
     frozen one (the reference)."""
     alg = cfg.algorithm
     common = dict(pp_schedule=cfg.parallel.train.pp_schedule, precision=cfg.trainer.precision,
-                  micro_batch_size=alg.micro_batch_size, zero=cfg.parallel.train.zero)
+                  micro_batch_size=alg.micro_batch_size, micro_batch_tokens=alg.micro_batch_tokens,
+                  zero=cfg.parallel.train.zero)
     if not trainable:
         return {**common, "trainable": False}
     return {**common, "lr": alg.lr if lr is None else lr, "weight_decay": alg.weight_decay, "betas": tuple(alg.betas),

@@ -60,6 +60,13 @@ def kl_in_loss(alg: AlgorithmConfig) -> bool:
     return alg.kl_coef > 0 and not alg.kl_in_reward
 
 
+def old_logprobs_needed(alg: AlgorithmConfig) -> bool:
+    """Whether the prepare phase runs the actor's forward for the old log-probs: only where the policy moves before a
+    row's last optimizer step (several epochs or mini-batches) or the rewards read a KL to the reference before
+    training. Otherwise the old policy is the current one and the loss takes its own forward's log-probs, detached."""
+    return alg.epochs > 1 or alg.mini_batches > 1 or (alg.kl_coef > 0 and alg.kl_in_reward)
+
+
 def actor_loss(alg: AlgorithmConfig, temperature: float, max_new_tokens: int = 0,
                kl_coef: float | None = None) -> LossFn:
     """kl_coef: the controller's current coefficient (default alg.kl_coef)."""
@@ -69,12 +76,14 @@ def actor_loss(alg: AlgorithmConfig, temperature: float, max_new_tokens: int = 0
     def loss_fn(out, mb: dict[str, Tensor], norm: LossNorm) -> tuple[Tensor, dict[str, float]]:
         mask = mb["response_mask"]
         logprobs = token_logprobs(out.logits, mb["input_ids"], temperature)
-        loss_mat, terms = POLICY_LOSSES[alg.policy_loss].fn(logprobs, mb["old_logprobs"], mb["advantages"], alg)
+        # without the prepare phase's forward (old_logprobs_needed) the old policy is this forward's: ratio 1
+        old_logprobs = mb["old_logprobs"] if "old_logprobs" in mb else logprobs.detach()
+        loss_mat, terms = POLICY_LOSSES[alg.policy_loss].fn(logprobs, old_logprobs, mb["advantages"], alg)
         loss = aggregate(loss_mat, mask, agg, norm_len)
         metrics = {"pg_loss": loss.detach(), **{k: _token_mean(v, mask) for k, v in terms.items()}}
         # entropy from the logits this forward already made; a graph only when the bonus needs its gradient
         with torch.set_grad_enabled(alg.entropy_coef > 0 and torch.is_grad_enabled()):
-            entropy = token_entropy(out.logits, temperature)
+            entropy = token_entropy(out.logits, temperature, length=mask.shape[1])
         metrics["entropy"] = _token_mean(entropy.detach(), mask)
         if alg.entropy_coef > 0:
             entropy_agg = aggregate(entropy, mask, agg, norm_len)

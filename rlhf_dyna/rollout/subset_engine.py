@@ -31,7 +31,7 @@ from torch import Tensor
 from ..launch.devices import engine_visible_devices
 from ..tracking.console import announce
 from .gpu_defaults import memory_args
-from .vllm_engine import VLLMRollout
+from .vllm_engine import VLLMRollout, platform_engine_args
 
 SHM_DIR = Path("/dev/shm")
 
@@ -100,8 +100,7 @@ class SubsetVLLMRollout(VLLMRollout):
                 **memory_args("cuda" if on_cuda else "cpu", kv_cache_bytes, gpu_memory_utilization),
                 dtype=dtype, max_model_len=max_model_len, logprobs_mode=logprobs_mode,
                 enable_prefix_caching=enable_prefix_caching, **({} if block_size is None else {"block_size": block_size}),
-                worker_extension_cls=f"{__name__}.ShmWeightInstall",
-                enable_chunked_prefill=not current_platform.is_cpu(),  # as VLLMRollout: seeded CPU sampling
+                worker_extension_cls=f"{__name__}.ShmWeightInstall", **platform_engine_args(max_model_len),
             )
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:

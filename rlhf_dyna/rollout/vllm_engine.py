@@ -37,6 +37,20 @@ from rlhf_dyna.rollout.vllm_moe_cpu import repack_all_experts
 from rlhf_dyna.tracking.console import announce
 
 
+CPU_STEP_TOKENS = 4096  # vLLM's own CPU default of max_num_batched_tokens (prompt tokens one engine step takes)
+
+
+def platform_engine_args(max_model_len: int) -> dict:
+    """vLLM settings the platform needs. On the CPU, no chunked prefill: vLLM 0.32 crashes ("CPU Generator does not
+    use offset") when a seeded request's prompt is cut across two steps, which happens as soon as one call's prompts
+    exceed the step's token budget; unchunked, such prompts wait for the next step instead."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(CPU_STEP_TOKENS, max_model_len)}
+
+
 @dataclass(frozen=True)
 class Sample:
     token_ids: list[int]  # generated tokens (prompt excluded), stop token included if one was hit
@@ -96,11 +110,9 @@ class VLLMRollout:
             enable_prefix_caching=enable_prefix_caching,
             load_format=load_format,
             enable_expert_parallel=expert_parallel,
-            # vLLM 0.32's CPU runner rewinds a seeded generator when a chunked prefill's token is discarded, which a
-            # CPU generator cannot do ("CPU Generator does not use offset"): prompts are prefilled whole on the CPU
-            enable_chunked_prefill=not current_platform.is_cpu(),
             **({} if block_size is None else {"block_size": block_size}),  # CPU default 128; only full blocks are prefix-cached
             worker_cls="rlhf_dyna.rollout.cpu_worker.ShmIdentCPUWorker" if current_platform.is_cpu() else "auto",
+            **platform_engine_args(max_model_len),
         )
 
     def generate(

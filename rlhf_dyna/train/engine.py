@@ -19,6 +19,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from rlhf_dyna.train.logprobs import logits_to_keep, token_logprobs
+from rlhf_dyna.train.micro_batches import MicroBatch, fixed_rows, pack_by_tokens, row_lengths, split_to, take, token_budget_plan
 from rlhf_dyna.train.parallelize import parallelize
 
 
@@ -32,11 +34,10 @@ class LossNorm:
 LossFn = Callable[[object, dict[str, Tensor], LossNorm], tuple[Tensor, dict[str, float]]]
 
 
-def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
-    """[B, T] log p(input_ids[:, t] | input_ids[:, <t]) under softmax(logits / temperature); column 0 is 0."""
-    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    picked = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return torch.nn.functional.pad(picked, (1, 0))
+def adamw(model: nn.Module, **settings) -> torch.optim.AdamW:
+    """AdamW over the model's (sharded) parameters, fused: one kernel over all of them instead of a loop of per-tensor
+    ops (5x faster on the CPU, 0.08 against 0.43 s for 120M parameters; fused AdamW is the GPU default too)."""
+    return torch.optim.AdamW(model.parameters(), fused=True, **settings)
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -60,6 +61,7 @@ class TrainEngine:
         grad_clip: float | None = 1.0,
         precision: str = "fp32",
         micro_batch_size: int | None = None,
+        micro_batch_tokens: int = 0,
         trainable: bool = True,
         loss_mask_key: str = "response_mask",
         zero: int = 3,
@@ -69,6 +71,7 @@ class TrainEngine:
         self.zero = zero  # ZeRO stage on FSDP2; see parallelize.apply_fsdp for what 1/2/3 mean here
         self.precision = precision
         self.micro_batch_size = micro_batch_size
+        self.micro_batch_tokens = micro_batch_tokens  # > 0: rows packed by length under this budget (train.micro_batches)
         self.grad_clip = grad_clip
         self.loss_mask_key = loss_mask_key
         self.device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
@@ -77,8 +80,7 @@ class TrainEngine:
         self.model = parallelize(model, mesh, precision, zero)
         # a model built on the meta device gets its shards here, after the placements exist, before the optimizer
         self.materialized = materialize(self.model) if materialize is not None else None
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas,
-                                           weight_decay=weight_decay) if trainable else None
+        self.optimizer = adamw(self.model, lr=lr, betas=betas, weight_decay=weight_decay) if trainable else None
 
     def materialize_now(self, materialize: Callable[[nn.Module], object]) -> None:
         """An engine built on meta parameters without `materialize` (a skeleton, built ahead of time) gets its shards
@@ -86,8 +88,7 @@ class TrainEngine:
         self.materialized = materialize(self.model)
         if self.optimizer is not None:
             group = self.optimizer.param_groups[0]
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=group["lr"], betas=group["betas"],
-                                               weight_decay=group["weight_decay"])
+            self.optimizer = adamw(self.model, lr=group["lr"], betas=group["betas"], weight_decay=group["weight_decay"])
 
     @property
     def dp_rank(self) -> int:
@@ -106,21 +107,35 @@ class TrainEngine:
     def _dp_sum(self, values: list[float]) -> list[float]:
         return self.dp_sum(torch.tensor(values, dtype=torch.float64)).tolist()
 
-    def _micro_batches(self, batch: dict[str, Tensor]) -> list[dict[str, Tensor]]:
-        size = next(iter(batch.values())).shape[0]
+    def _micro_batch_plan(self, batch: dict[str, Tensor]) -> list[MicroBatch]:
+        """micro_batch_size rows each, or packed by length under micro_batch_tokens, in as many micro-batches as the
+        other dp ranks (collective over dp)."""
+        size, width = batch["input_ids"].shape
         sizes = self._dp_sum([size, size * size])  # equal sizes on all dp ranks <=> mean(size^2) == mean(size)^2
         if sizes[1] * self.dp_size != sizes[0] ** 2:
             raise ValueError(f"dp ranks pass different batch sizes (this rank: {size}); every dp rank needs the same")
-        mbs = self.micro_batch_size or size
-        return [{k: v[i : i + mbs].to(self.device) for k, v in batch.items()} for i in range(0, size, mbs)]
+        if not self.micro_batch_tokens:
+            return fixed_rows(size, width, self.micro_batch_size or size)
+        lengths = row_lengths(batch["attention_mask"])
+        groups = pack_by_tokens(lengths, self.micro_batch_tokens)
+        count = torch.tensor([len(groups)], device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.mesh["dp"].get_group())
+        return token_budget_plan(split_to(groups, int(count), lengths), lengths)
+
+    def _micro_batches(self, batch: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+        return [take(batch, micro, self.device) for micro in self._micro_batch_plan(batch)]
 
     def forward(self, micro_batch: dict[str, Tensor]) -> object:
-        """HF forward with mask-derived positions; returns the model's output (`.logits` or `.values`)."""
+        """HF forward with mask-derived positions; returns the model's output (`.logits` or `.values`). A causal LM
+        given the loss mask keeps the logits of the last positions only, from the column before the mask's first
+        token on (`train.logprobs.logits_to_keep`): the LM head runs where a loss reads log-probs."""
         mask = micro_batch["attention_mask"]
-        moe = {"output_router_logits": True} if self.returns_aux_loss else {}  # HF then returns the router's aux_loss
+        extra = {"output_router_logits": True} if self.returns_aux_loss else {}  # HF then returns the router's aux_loss
+        if self.loss_mask_key in micro_batch and hasattr(self.model, "lm_head"):
+            extra["logits_to_keep"] = logits_to_keep(micro_batch[self.loss_mask_key])
         return self.model(
             input_ids=micro_batch["input_ids"], attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False,
-            **moe,
+            **extra,
         )
 
     @property
@@ -191,17 +206,26 @@ class TrainEngine:
         return float(total)
 
     @torch.no_grad()
-    def _inference(self, input_ids: Tensor, attention_mask: Tensor, read: Callable[[object, Tensor], Tensor]) -> Tensor:
+    def _inference(self, input_ids: Tensor, attention_mask: Tensor, read: Callable[[object, Tensor], Tensor],
+                   loss_mask: Tensor | None = None) -> Tensor:
         self.model.eval()
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}
-        out = torch.cat([read(self.forward(mb), mb["input_ids"]).float().cpu() for mb in self._micro_batches(batch)])
+        if loss_mask is not None:
+            batch[self.loss_mask_key] = loss_mask
+        out = torch.zeros(input_ids.shape, dtype=torch.float32)  # columns past a micro-batch's width are padding
+        for micro in self._micro_batch_plan(batch):
+            mb = take(batch, micro, self.device)
+            out[micro.rows, :micro.width] = read(self.forward(mb), mb["input_ids"]).float().cpu()
         if self.zero == 3:
             reshard(self.model)  # the root stays unsharded after a no-grad forward; free it
         return out
 
-    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0) -> Tensor:
-        """[B, T] log-probs of each token given its prefix (column 0 is 0); mask with the response mask."""
-        return self._inference(input_ids, attention_mask, lambda out, ids: token_logprobs(out.logits, ids, temperature))
+    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0,
+                 response_mask: Tensor | None = None) -> Tensor:
+        """[B, T] log-probs of each token given its prefix (column 0 is 0); mask with the response mask. Given the
+        mask, columns before its first token are 0 (the LM head skips them)."""
+        return self._inference(input_ids, attention_mask, lambda out, ids: token_logprobs(out.logits, ids, temperature),
+                               response_mask)
 
     def values(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """[B, T] value-head outputs of a value model (value at t reads the prefix up to and including t)."""

@@ -20,7 +20,8 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.distributed.tensor import DTensor
 
 from rlhf_dyna.models.build import ValueOutput
-from rlhf_dyna.train.engine import LossFn, TrainEngine, position_ids_from_mask, reshard, token_logprobs
+from rlhf_dyna.train.engine import LossFn, TrainEngine, position_ids_from_mask, reshard
+from rlhf_dyna.train.logprobs import logits_to_keep, token_logprobs
 from rlhf_dyna.train.pp_stage import StageModule, bubble_fraction, split_stage
 from rlhf_dyna.vps.spec import train_spec
 
@@ -37,6 +38,9 @@ class PipelineEngine(TrainEngine):
     def __init__(self, model: nn.Module, mesh: DeviceMesh, schedule: str = "1F1B", **kwargs) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"pp schedule={schedule!r}; valid: {sorted(SCHEDULES)}")
+        if kwargs.get("micro_batch_tokens"):
+            raise ValueError(f"micro_batch_tokens={kwargs['micro_batch_tokens']} with pipeline parallel: a pipeline's "
+                             f"micro-batches have one static shape; use micro_batch_size (micro_batch_tokens=0)")
         self.schedule_name = schedule
         self.pp_mesh = mesh["pp"]
         self.spec = train_spec(mesh["dp"].size(), mesh["tp"].size(), pp=self.pp_mesh.size())
@@ -95,7 +99,8 @@ class PipelineEngine(TrainEngine):
         elif read_logprobs or stage.head_name == "value_head":
             output = torch.empty(rows, seq, dtype=torch.float32 if read_logprobs else self._act_dtype(), **meta)
         else:
-            output = torch.empty(rows, seq, self.model.config.vocab_size, dtype=self._act_dtype(), **meta)
+            output = torch.empty(rows, stage.logits_to_keep or seq, self.model.config.vocab_size, dtype=self._act_dtype(),
+                                 **meta)
         if loss_fn is not None and not stage.is_last:
             output.requires_grad_(True)  # so torch allocates the buffer for the gradient coming back
         pipe_stage = PipelineStage(self.model, self.pp_mesh.get_local_rank(), self.pp_size, self.device,
@@ -105,7 +110,7 @@ class PipelineEngine(TrainEngine):
 
     def _split(self, batch: dict[str, Tensor]) -> tuple[int, int]:
         """(micro-batches, rows each): equal micro-batches of micro_batch_size rows."""
-        self._micro_batches(batch)  # checks that every dp rank passes the same batch size
+        self._micro_batch_plan(batch)  # checks that every dp rank passes the same batch size
         rows = batch["input_ids"].shape[0]
         mbs = min(self.micro_batch_size or rows, rows)
         if rows % mbs:
@@ -149,6 +154,7 @@ class PipelineEngine(TrainEngine):
             return loss
 
         self.optimizer.zero_grad(set_to_none=True)
+        self._keep_logits(batch.get(self.loss_mask_key))
         schedule = self._schedule(n, mbs, batch["input_ids"].shape[1], loss_fn=pipeline_loss)
         self.last_bubble_fraction = bubble_fraction(self.pp_size, n)  # what this step's schedule predicts
         self._run(schedule, batch, train=True, target=torch.arange(n) if self.stage_module.is_last else None)
@@ -200,12 +206,19 @@ class PipelineEngine(TrainEngine):
                 torch.nn.utils.clip_grads_with_norm_(group, self.grad_clip, total)
         return float(total)
 
+    def _keep_logits(self, loss_mask: Tensor | None) -> None:
+        """The LM head of the last stage runs from the batch's first loss-mask column on (static across micro-batches:
+        the schedule's shapes are fixed up front); everywhere without a mask."""
+        self.stage_module.logits_to_keep = logits_to_keep(loss_mask) if loss_mask is not None else 0
+
     # --- forward only ------------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def _pipeline_inference(self, input_ids: Tensor, attention_mask: Tensor, reader) -> Tensor:
+    def _pipeline_inference(self, input_ids: Tensor, attention_mask: Tensor, reader,
+                            loss_mask: Tensor | None = None) -> Tensor:
         self.model.eval()
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}
         n, mbs = self._split_forward(batch)
+        self._keep_logits(loss_mask)
         self.stage_module.reader = reader
         try:
             schedule = self._schedule(n, mbs, input_ids.shape[1], read_logprobs=True)
@@ -218,16 +231,17 @@ class PipelineEngine(TrainEngine):
         return self._broadcast_from_last(result.to(self.device).contiguous()).cpu()
 
     def _split_forward(self, batch: dict[str, Tensor]) -> tuple[int, int]:
-        self._micro_batches(batch)
+        self._micro_batch_plan(batch)
         rows = batch["input_ids"].shape[0]
         mbs = min(self.micro_batch_size or rows, rows)
         while rows % mbs:  # forward-only: any equal split works; the largest that fits micro_batch_size
             mbs -= 1
         return rows // mbs, mbs
 
-    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0) -> Tensor:
+    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0,
+                 response_mask: Tensor | None = None) -> Tensor:
         return self._pipeline_inference(input_ids, attention_mask,
-                                        lambda logits, ids: token_logprobs(logits, ids, temperature).float())
+                                        lambda logits, ids: token_logprobs(logits, ids, temperature), response_mask)
 
     def values(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         return self._pipeline_inference(input_ids, attention_mask, lambda values, ids: values.float())

@@ -25,7 +25,8 @@ HeadReader = Callable[[Tensor, Tensor], Tensor]
 class StageModule(nn.Module):
     """forward(x, attention_mask, position_ids[, labels]): x is input_ids on the first stage, hidden states after it.
     The last stage returns the head's output ([mb, T, V] logits or [mb, T] values), or `reader(head, labels)`
-    when a reader is set (forward-only log-probs: the schedule then carries [mb, T] instead of the logits)."""
+    when a reader is set (forward-only log-probs: the schedule then carries [mb, T] instead of the logits). With
+    `logits_to_keep` K > 0 the LM head runs on the last K positions only ([mb, K, V], as HF's forward does)."""
 
     def __init__(self, hf_model: nn.Module, stage: int, num_stages: int, layers: tuple[int, int]) -> None:
         super().__init__()
@@ -43,6 +44,7 @@ class StageModule(nn.Module):
         else:
             self.model.norm = None
         self.reader: HeadReader | None = None
+        self.logits_to_keep = 0
 
     @property
     def is_first(self) -> bool:
@@ -72,8 +74,11 @@ class StageModule(nn.Module):
                            position_ids=position_ids, past_key_values=None, use_cache=False)
         if not self.is_last:
             return hidden
-        head = getattr(self, self.head_name)(self.model.norm(hidden))
-        head = head if self.head_name == "lm_head" else head.squeeze(-1)
+        hidden = self.model.norm(hidden)
+        if self.head_name == "lm_head":
+            head = self.lm_head(hidden[:, -self.logits_to_keep:] if self.logits_to_keep else hidden)
+        else:
+            head = self.value_head(hidden).squeeze(-1)
         return head if self.reader is None else self.reader(head, labels)
 
 

@@ -104,6 +104,7 @@ def empty_engine_like(old: TrainEngine, layout: ParallelLayout, mesh: DeviceMesh
     settings = dict(
         lr=group["lr"], weight_decay=group["weight_decay"], betas=tuple(group["betas"]),
         grad_clip=old.grad_clip, precision=old.precision, micro_batch_size=old.micro_batch_size,
+        micro_batch_tokens=old.micro_batch_tokens,
         trainable=old.optimizer is not None, loss_mask_key=old.loss_mask_key, zero=layout.zero,
     )
     if layout.pp > 1:
