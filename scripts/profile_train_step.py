@@ -32,9 +32,13 @@ from rlhf_dyna.models.meta_init import checkpoint_config, checkpoint_loader, met
 from rlhf_dyna.orchestrator.advantages import compute_advantages
 from rlhf_dyna.orchestrator.batch import Sample, pack, rank_rows
 from rlhf_dyna.orchestrator.objectives import actor_loss
-from rlhf_dyna.orchestrator.setup import RankContext
 from rlhf_dyna.train.mesh import build_mesh
 from rlhf_dyna.train.pipeline_engine import make_engine
+
+try:  # the one parallel-layout type
+    from rlhf_dyna.parallel_layout import ParallelLayout
+except ImportError:  # a checkout from before it (19690cd and older), to compare with
+    ParallelLayout = None
 
 WORLD = 2
 
@@ -52,22 +56,31 @@ def timed(fn) -> tuple[float, float, object]:
     return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
+def prepare_fn(cfg: Config, batch: dict, samples: list[Sample], rank: int, engine):
+    """The loop's prepare call, in this checkout's signature."""
+    if ParallelLayout is not None:
+        return lambda: compute_advantages(cfg, batch, samples, engine, None, None, 0.0)
+    from rlhf_dyna.orchestrator.setup import RankContext
+
+    return lambda: compute_advantages(cfg, batch, samples, ctx, engine, None, None, 0.0)
+
+
 def rank_main(rank: int, port: int, args: argparse.Namespace, out_path: str) -> None:
     init_rank(rank, WORLD, port)
     config = checkpoint_config(args.checkpoint)
-    engine = make_engine(meta_policy(config, torch.float32), build_mesh(WORLD, 1),
+    mesh = build_mesh(ParallelLayout(WORLD, 1)) if ParallelLayout is not None else build_mesh(WORLD, 1)
+    engine = make_engine(meta_policy(config, torch.float32), mesh,
                          materialize=checkpoint_loader(args.checkpoint, torch.device("cpu")), precision=args.precision,
                          micro_batch_size=args.micro_batch_size, zero=args.zero, lr=1e-6, **args.engine)
     cfg = Config(algorithm=AlgorithmConfig(**args.algorithm), rollout=RolloutConfig(n=2, max_new_tokens=args.response))
     loss_fn = actor_loss(cfg.algorithm, temperature=1.0, max_new_tokens=args.response)
     samples = samples_of(args.rows * WORLD, args.prompt, args.response, config.vocab_size)
-    ctx = RankContext(rank=rank, world=WORLD, dp=WORLD, tp=1, rollout_tp=1)
     runs: dict[str, list[tuple[float, float]]] = {"prepare": [], "train": []}
     peak = 0
     for repeat in range(args.repeats + 1):
         batch = rank_rows(pack(samples, pad_id=0), rank, WORLD, cfg.algorithm.mini_batches)
         dist.barrier()
-        wall, cpu, _ = timed(lambda: compute_advantages(cfg, batch, samples, ctx, engine, None, None, 0.0))
+        wall, cpu, _ = timed(prepare_fn(cfg, batch, samples, rank, engine))
         if repeat:
             runs["prepare"].append((wall, cpu))
         dist.barrier()

@@ -207,15 +207,19 @@ class TrainEngine:
 
     @torch.no_grad()
     def _inference(self, input_ids: Tensor, attention_mask: Tensor, read: Callable[[object, Tensor], Tensor],
-                   loss_mask: Tensor | None = None) -> Tensor:
+                   loss_mask: Tensor | None = None, per_row: bool = False) -> Tensor:
         self.model.eval()
         batch = {"input_ids": input_ids, "attention_mask": attention_mask}
         if loss_mask is not None:
             batch[self.loss_mask_key] = loss_mask
-        out = torch.zeros(input_ids.shape, dtype=torch.float32)  # columns past a micro-batch's width are padding
+        out = torch.zeros(input_ids.shape[:1] if per_row else input_ids.shape, dtype=torch.float32)
         for micro in self._micro_batch_plan(batch):
             mb = take(batch, micro, self.device)
-            out[micro.rows, :micro.width] = read(self.forward(mb), mb["input_ids"]).float().cpu()
+            result = read(self.forward(mb), mb["input_ids"]).float().cpu()
+            if per_row:
+                out[micro.rows] = result
+            else:  # columns past a micro-batch's width are padding
+                out[micro.rows, :micro.width] = result
         if self.zero == 3:
             reshard(self.model)  # the root stays unsharded after a no-grad forward; free it
         return out
@@ -234,7 +238,7 @@ class TrainEngine:
     def scores(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """[B] a one-label sequence classifier's score of each row (transformers' pooled value: at the last token
         that is not the config's pad_token_id)."""
-        return self._inference(input_ids, attention_mask, lambda out, ids: out.logits[:, 0])
+        return self._inference(input_ids, attention_mask, lambda out, ids: out.logits[:, 0], per_row=True)
 
 
 def reshard(model: nn.Module) -> None:

@@ -1,0 +1,38 @@
+"""Tables of the step-speed benchmarks: rlhf_dyna against TRL (bench_peer.json) and the train phase before and after
+the engine work (profile_train_step.json)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _read(bench: Path, name: str) -> dict:
+    return json.loads((bench / name).read_text())
+
+
+def peer(bench: Path) -> str:
+    """One row per shape and precision: medians of the steady steps, phases, the ratio (median over pairs)."""
+    report = _read(bench, "bench_peer.json")
+    rows = ["| shape | precision | pairs | rlhf_dyna s/step | generate / prepare / train / sync s | TRL s/step (fastest mode) "
+            "| TRL generate / train s | **rlhf_dyna / TRL** |", "|---|---|---|---|---|---|---|---|"]
+    for r in report["results"]:
+        last = r["runs"][-1]
+        dyna, trl = last["rlhf_dyna"], last["trl"]
+        rows.append(f"| {r['shape']} ({r['prompts']} prompts x {r['n']} x {r['max_new_tokens']} tokens) | {r['precision']} "
+                    f"| {len(r['runs'])} | {r['rlhf_dyna_step_s_median']:.2f} | {dyna['generate_s']:.2f} / "
+                    f"{dyna['prepare_s']:.2f} / {dyna['train_s']:.2f} / {dyna['weight_sync_s']:.2f} "
+                    f"| {r['trl_step_s_median']:.2f} ({trl['mode']}) | {trl['generate_s']:.2f} / {trl['train_s']:.2f} "
+                    f"| **{r['ratio_median']:.2f}x** |")
+    return "\n".join(rows)
+
+
+def train_phase(bench: Path) -> str:
+    """The real shape's prepare and train phases per rank, before (19690cd) and after the engine work."""
+    report = _read(bench, "profile_train_step.json")
+    rows = ["| checkout | precision | prepare s (wall) | train s (wall) | train peak RSS per rank MiB |", "|---|---|---|---|---|"]
+    for run in report["runs"]:
+        ranks = run["ranks"]
+        rows.append(f"| {run['checkout']} | {run['args']['precision']} "
+                    f"| {max(r['prepare']['wall_s'] for r in ranks):.2f} | {max(r['train']['wall_s'] for r in ranks):.2f} "
+                    f"| {max(r['train_peak_rss_mib'] for r in ranks):.0f} |")
+    return "\n".join(rows)
