@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import doc_tables, elastic_tables
+from bench import doc_tables, elastic_tables, speed_tables
 from bench_report import markdown as reshard_markdown
 from bench_report import replace_table
 
@@ -50,6 +50,10 @@ TABLES: dict[str, dict[str, Callable[[], str]]] = {
     "docs/bench/tuning.md": {
         "lift": lambda: doc_tables.lift(BENCH),
         "compare_algos": lambda: doc_tables.compare_algos(BENCH),
+    },
+    "docs/bench/speed.md": {
+        "peer": lambda: speed_tables.peer(BENCH),
+        "train_phase": lambda: speed_tables.train_phase(BENCH),
     },
     "docs/reward_models.md": {"rm_pipeline": lambda: doc_tables.rm_pipeline(_json("rm_pipeline.json"))},
     "docs/elastic.md": {

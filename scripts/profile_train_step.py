@@ -9,24 +9,28 @@ wall and CPU seconds of `--repeats` runs after a warm-up, the train phase's peak
 `--trace` torch.profiler's top operators of rank 0.
 
     python -m rlhf_dyna.models.tiny_checkpoint /tmp/smollm --size smollm-135m
-    PYTHONPATH=. python scripts/profile_train_step.py /tmp/smollm [--precision bf16] [--trace] [--out FILE.json]
+    PYTHONPATH=. python scripts/profile_train_step.py /tmp/smollm [--precision bf16] [--trace] [--out FILE.json]   # --out appends a run
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
+import platform
 import random
 import socket
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
 from bench.measure import PeakExtraMemory, resident_bytes
 from bench.ranks import init_rank, launch
+
+import rlhf_dyna
 from rlhf_dyna.config import AlgorithmConfig, Config, RolloutConfig
 from rlhf_dyna.models.meta_init import checkpoint_config, checkpoint_loader, meta_policy
 from rlhf_dyna.orchestrator.advantages import compute_advantages
@@ -35,9 +39,9 @@ from rlhf_dyna.orchestrator.objectives import actor_loss
 from rlhf_dyna.train.mesh import build_mesh
 from rlhf_dyna.train.pipeline_engine import make_engine
 
-try:  # the one parallel-layout type
+if "layout" in inspect.signature(build_mesh).parameters:  # the one parallel-layout type
     from rlhf_dyna.parallel_layout import ParallelLayout
-except ImportError:  # a checkout from before it (19690cd and older), to compare with
+else:  # a checkout from before it (19690cd and older), to compare with
     ParallelLayout = None
 
 WORLD = 2
@@ -62,6 +66,7 @@ def prepare_fn(cfg: Config, batch: dict, samples: list[Sample], rank: int, engin
         return lambda: compute_advantages(cfg, batch, samples, engine, None, None, 0.0)
     from rlhf_dyna.orchestrator.setup import RankContext
 
+    ctx = RankContext(rank=rank, world=WORLD, dp=WORLD, tp=1, rollout_tp=1)
     return lambda: compute_advantages(cfg, batch, samples, ctx, engine, None, None, 0.0)
 
 
@@ -132,12 +137,16 @@ def main() -> None:
     for rank, r in enumerate(ranks):
         print(f"rank {rank}: " + ", ".join(f"{p} {r[p]['wall_s']:.2f} s wall / {r[p]['cpu_s']:.2f} s cpu"
                                            for p in ("prepare", "train")) + f", train peak RSS {r['train_peak_rss_mib']:.0f} MiB")
-    if args.out:
-        Path(args.out).write_text(json.dumps(dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                                  args={k: v for k, v in vars(args).items() if k != "out"},
-                                                  load_average=open("/proc/loadavg").read().split()[:3], ranks=ranks),
-                                             indent=1))
-
+    if args.out:  # one run appended to the file's "runs"
+        out = Path(args.out)
+        report = json.loads(out.read_text()) if out.exists() else {"machine": f"{platform.node()}: {os.cpu_count()} cpus",
+                                                                    "runs": []}
+        checkout = subprocess.run(["git", "-C", str(Path(rlhf_dyna.__file__).parent), "rev-parse", "--short", "HEAD"],
+                                  capture_output=True, text=True).stdout.strip()
+        report["runs"].append(dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), checkout=checkout,
+                                   args={k: v for k, v in vars(args).items() if k != "out"},
+                                   load_average=open("/proc/loadavg").read().split()[:3], ranks=ranks))
+        out.write_text(json.dumps(report, indent=1))
 
 if __name__ == "__main__":
     main()

@@ -128,6 +128,12 @@ def results(bench: Path, prefix: str = "docs/bench/") -> str:
         f"completion (the rule the pairs encode) {summary['ppo_sevens_per_completion_first5']:.2f} -> "
         f"**{summary['ppo_sevens_per_completion_last5']:.2f}** in {pipeline['ppo_steps']} steps", "rm_pipeline.json",
         pipeline["date"])
+    peer = read(bench, "bench_peer.json")
+    real = next(r for r in peer["results"] if r["shape"] == "real")
+    row(f"a GRPO step against TRL's `GRPOTrainer`, 135M-shaped checkpoint, {real['prompts']} prompts x {real['n']} x "
+        f"{real['max_new_tokens']} tokens, {real['precision']}",
+        f"rlhf_dyna {real['rlhf_dyna_step_s_median']:.1f} s, TRL (its fastest of 3 launch modes) "
+        f"{real['trl_step_s_median']:.1f} s: **{real['ratio_median']:.2f}x** TRL's time", "bench_peer.json", peer["date"])
     return "\n".join(["| what | measured | data |", "|---|---|---|", *rows])
 
 

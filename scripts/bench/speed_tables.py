@@ -29,10 +29,12 @@ def peer(bench: Path) -> str:
 def train_phase(bench: Path) -> str:
     """The real shape's prepare and train phases per rank, before (19690cd) and after the engine work."""
     report = _read(bench, "profile_train_step.json")
-    rows = ["| checkout | precision | prepare s (wall) | train s (wall) | train peak RSS per rank MiB |", "|---|---|---|---|---|"]
+    rows = ["| checkout | precision | prepare s wall (CPU) | train s wall (CPU) | train peak RSS per rank MiB | load average |",
+            "|---|---|---|---|---|---|"]
     for run in report["runs"]:
         ranks = run["ranks"]
-        rows.append(f"| {run['checkout']} | {run['args']['precision']} "
-                    f"| {max(r['prepare']['wall_s'] for r in ranks):.2f} | {max(r['train']['wall_s'] for r in ranks):.2f} "
-                    f"| {max(r['train_peak_rss_mib'] for r in ranks):.0f} |")
+        phase = lambda name: (f"{max(r[name]['wall_s'] for r in ranks):.2f} "
+                              f"({max(r[name]['cpu_s'] for r in ranks):.2f})")
+        rows.append(f"| {run['checkout']} | {run['args']['precision']} | {phase('prepare')} | {phase('train')} "
+                    f"| {max(r['train_peak_rss_mib'] for r in ranks):.0f} | {run['load_average'][0]} |")
     return "\n".join(rows)
