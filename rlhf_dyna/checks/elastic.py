@@ -1,12 +1,38 @@
 """Checks of the elastic group: every scripted membership change can happen (the event is well formed, its step lies
 inside the run, its ranks exist, it empties no role, the new world fits a layout and the same global batch), and what
-does not run live yet is refused."""
+does not run live yet is refused, naming what does."""
 from __future__ import annotations
 
 from ..config import Config
-from ..elastic.events import EventError
+from ..elastic.events import Event, EventError
+from ..elastic.membership import STORE_HOST_RANK
 from ..orchestrator.membership import membership_worlds
+from ..orchestrator.placements import scores_with_reward_model
 from ..errors import ConfigError
+
+LIVE = ("a live run executes leave:R@S and leave:A-B@S under placement=colocate with a training layout of dp only "
+        "(parallel.train tp, pp, cp, ep = 1), rollout.tp=1, no parallel.schedule, no reward model, no trainer.resume, "
+        f"and rank {STORE_HOST_RANK} staying (it serves the job's store)")
+
+
+def live_problems(cfg: Config, events: list[Event]) -> list[str]:
+    """What of a run with `events` a live run cannot execute yet (docs/elastic.md); [] = it can."""
+    t, problems = cfg.parallel.train, []
+    if cfg.placement.policy != "colocate" or cfg.placement.rebalance:
+        problems.append(f"placement={cfg.placement.policy}{' with rebalance' if cfg.placement.rebalance else ''}")
+    inner = {name: getattr(t, name) for name in ("tp", "pp", "cp", "ep") if getattr(t, name) != 1}
+    problems += [f"parallel.train.{name}={value}" for name, value in inner.items()]
+    if cfg.rollout.tp != 1:
+        problems.append(f"rollout.tp={cfg.rollout.tp}")
+    if cfg.parallel.schedule:
+        problems.append("parallel.schedule")
+    if scores_with_reward_model(cfg) or cfg.algorithm.name == "reward_model":
+        problems.append("a reward model" if cfg.algorithm.name != "reward_model" else "algorithm=reward_model")
+    if cfg.trainer.resume:
+        problems.append(f"trainer.resume={cfg.trainer.resume}")
+    problems += [f"{e.text} (joins are not built)" for e in events if e.joining]
+    problems += [f"{e.text} (rank {STORE_HOST_RANK} leaves)" for e in events if STORE_HOST_RANK in e.leaving]
+    return problems
 
 
 def check_elastic(cfg: Config) -> None:
@@ -18,11 +44,11 @@ def check_elastic(cfg: Config) -> None:
     if not e.events:
         return
     try:
-        membership_worlds(cfg)
+        worlds = membership_worlds(cfg)
     except EventError as err:
         raise ConfigError(str(err)) from err
-    if not cfg.dry_run:
+    problems = [] if cfg.dry_run else live_problems(cfg, [event for event, _ in worlds])
+    if problems:
         raise ConfigError(
-            f"elastic.events={list(e.events)}: membership changes are planned and predicted by the dry run, but a live "
-            "run does not execute them yet (docs/elastic.md); add dry_run=true to see what each change moves and "
-            "costs, or drop elastic.events.")
+            f"elastic.events={list(e.events)}: a live run cannot execute this yet: {'; '.join(problems)}. For now "
+            f"{LIVE}. Change those settings, or add dry_run=true to plan and predict what each change moves and costs.")

@@ -31,6 +31,7 @@ from .placement import (ACTOR, CRITIC, REFERENCE, REWARD_MODEL, ROLLOUT, TRAIN_A
 from .policies import rollout_spec_on, train_spec_on
 from .validate import PlacementError, check_placement
 
+STORE_HOST_RANK = 0  # a live job's store is served from rank 0's process (env:// rendezvous): it cannot leave
 TRAINED_IN = {ACTOR: TRAIN_ACTOR, CRITIC: TRAIN_CRITIC}  # the phase whose set shards a role's rows over its dp
 
 

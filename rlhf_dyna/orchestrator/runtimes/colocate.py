@@ -23,6 +23,7 @@ from ...transition.relayout import layout_of, relayout
 from ...transition.syncs import make_sync
 from ...transition.vps_mover import least_moving_layout, make_vps_mover
 from ..build import build_actor, write_initial_checkpoint
+from ..leave import Membership, leave_before_step
 from ..step import mean_over_world, reshard_metrics
 from .base import Runtime
 
@@ -34,18 +35,32 @@ class ColocateRuntime(Runtime):
         cfg, run, info = self.cfg, self.run, self.run.dist_info
         self.layout = cfg.parallel.train_layout(master_weights=cfg.model.dtype != "float32")
         self.schedule = cfg.parallel.layout_schedule()
-        self.rollout_layout = RolloutLayout(dist.get_world_size(), cfg.rollout.tp,
-                                            expert_parallel=cfg.rollout.expert_parallel)
+        self.membership = Membership.of(cfg) if cfg.elastic.events else None
         self.actor = build_actor(cfg, run.source, build_mesh(self.layout))
         self.model_dir = write_initial_checkpoint(run.source, self.actor, run.tokenizer, run.out_dir, info.node_rank,
                                                   info.local_rank)
+        self.recorder = self._recorder(WEIGHT_SYNC)
+        self.start_rollout()
+
+    def start_rollout(self) -> None:
+        """vLLM over the whole world (one replica per rollout.tp ranks), opening the initial weights; its sync."""
+        cfg, info = self.cfg, self.run.dist_info
+        self.rollout_layout = RolloutLayout(dist.get_world_size(), cfg.rollout.tp,
+                                            expert_parallel=cfg.rollout.expert_parallel)
         self.rollout = VLLMRollout(
             str(self.model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
             expert_parallel=cfg.rollout.expert_parallel, **engine_args(cfg, info.device.type, colocated=True),
         )
-        self.recorder = self._recorder(WEIGHT_SYNC)
         # only the VPS executor has rounds to trace; naive's gathers are not traced
         self.sync = make_sync(cfg.rollout.sync, **({"recorder": self.recorder} if cfg.rollout.sync == "vps" else {}))
+
+    def enter_world(self, layout: ParallelLayout, engines: dict) -> None:
+        """After a membership change (orchestrator/leave.py): this rank's engines in the new world, and the rollout
+        re-formed over it (the caller syncs the weights into it)."""
+        for role, engine in engines.items():
+            setattr(self, role, engine)
+        self.layout, self.rank = layout, dist.get_rank()
+        self.start_rollout()
 
     def generate(self, step: int) -> tuple[list, float]:
         samples = super().generate(step)
@@ -53,10 +68,12 @@ class ColocateRuntime(Runtime):
         return samples
 
     def before_step(self, step: int) -> dict[str, float]:
-        """A layout switch of parallel.schedule (after a resume: the layout the schedule had reached)."""
+        """The leaves of elastic.events due now (orchestrator/leave.py); a layout switch of parallel.schedule (after a
+        resume: the layout the schedule had reached)."""
+        metrics = leave_before_step(self, self.membership, step) if self.membership is not None else {}
         start = self.run.start_step
         layout = switch_at(self.schedule, step) if step > start + 1 or start == 0 else reached_by(self.schedule, step)
-        return self.change_layout(layout) if layout is not None else {}
+        return {**metrics, **self.change_layout(layout)} if layout is not None else metrics
 
     def change_layout(self, layout: ParallelLayout) -> dict[str, float]:
         """Online change of the training layout: every engine's parameters and optimizer state move to `layout` in

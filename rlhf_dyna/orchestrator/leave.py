@@ -1,0 +1,137 @@
+"""A live leave at a step boundary (placement=colocate; docs/elastic.md): ranks leave the job, their share of every
+training role's state moves to the survivors by VPS plan, and the survivors go on in a smaller world.
+
+At the boundary, on every rank of the old world, for each change due (`elastic.events` entries `leave:R@S` after step
+S, or ranks that received SIGTERM):
+1. the new world is planned (elastic.membership.world_after: dp fills the survivors, the same global batch); a change
+   that cannot happen is refused here with a message, and the run goes on in the old world;
+2. a mesh over the survivors is built inside the old world, each role's empty engine on it, and the role's parameters
+   and AdamW state move into it by VPS plan over the old world (transition.role_move: the leaving ranks send);
+3. the rollout engines shut down (vLLM's shutdown destroys the old default group); the leaving ranks stop (LeftWorld,
+   exit code 0); the survivors join a new default group over a fresh prefix of the job's store
+   (elastic.world_switch), copy their shards into engines on the new world's mesh, re-form vLLM over the new world
+   (one replica fewer per leaving rank) and sync the weights into it.
+"""
+from __future__ import annotations
+
+import atexit
+import time
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from ..config import Config
+from ..elastic.events import Event, parse_events
+from ..elastic.membership import STORE_HOST_RANK, GlobalBatch, MembershipError, WorldChange, world_after
+from ..elastic.placement import Placement
+from ..elastic.policies import make_placement
+from ..elastic.world_switch import enter_new_world, job_store, survivor_mesh
+from ..launch.shm import clean_shm_segments
+from ..parallel_layout import ParallelLayout
+from ..train.mesh import build_mesh
+from ..transition.bind_train import train_spec
+from ..transition.relayout import bind_train_state, empty_engine_like, meta_skeleton
+from ..transition.role_move import copy_state_locally, move_role_state, role_catalog
+from .membership import global_batch
+from .placements import placement_request
+
+
+class LeftWorld(Exception):
+    """Raised on a rank that has left the job at a membership change: its state lives on the survivors now."""
+
+
+@dataclass
+class Membership:
+    """The run's world as it changes: its placement, the preferred layout and rollout tp, the scripted leaves."""
+
+    placement: Placement
+    preferred: ParallelLayout  # the configured training layout, dp unresolved: each world prefers it
+    rollout_tp: int
+    batch: GlobalBatch
+    leaves: list[Event] = field(default_factory=list)
+    generation: int = 0  # worlds entered since launch: names the store prefix of the next one
+
+    @classmethod
+    def of(cls, cfg: Config) -> Membership:
+        request = placement_request(cfg)
+        events = parse_events(list(cfg.elastic.events), cfg.trainer.total_steps)
+        return cls(make_placement(request), request.train, cfg.rollout.tp, global_batch(cfg),
+                   [e for e in events if e.leaving])
+
+    def due_before(self, step: int) -> list[Event]:
+        """The scripted leaves after step - 1 (before `step`), in the order given."""
+        return [e for e in self.leaves if e.step == step - 1]
+
+
+def refusal(change: WorldChange) -> str | None:
+    """Why a change cannot run live although the planner accepts it, or None."""
+    if STORE_HOST_RANK in change.leaving:
+        return (f"{change.describe()}: rank {STORE_HOST_RANK} serves the job's store and writes its metrics, so it "
+                f"cannot leave (yet); any other rank can.")
+    return None
+
+
+def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name: str) -> dict[str, float]:
+    """Collective over the old world: `leaving` (ranks of the current world) leave. On the survivors: the change's
+    metrics (an empty dict where it was refused); on the leaving ranks: raises LeftWorld once their state is sent."""
+    rank, started = dist.get_rank(), time.perf_counter()
+    try:
+        change = WorldChange(dist.get_world_size(), leaving)
+        why = refusal(change)
+        if why is not None:
+            raise MembershipError(why)
+        new = world_after(membership.placement, membership.preferred, membership.rollout_tp, membership.batch, change)
+    except MembershipError as err:
+        if rank == 0 or rank in leaving:
+            print(f"rlhf_dyna: {name} refused, the run goes on with {dist.get_world_size()} ranks: {err}", flush=True)
+        return {}
+    staying = rank not in leaving
+    layout = new.layout.fill(change.new_world_size)
+    store, backend = job_store(), dist.get_backend()
+    mesh = survivor_mesh(layout, change.survivors)  # collective over the old world: the leaving ranks take part
+    staged, moved, rounds = {}, 0, 0
+    for move in new.moves:  # colocate: every rank holds every training role
+        engine = getattr(runtime, move.role)
+        destination = empty_engine_like(engine, layout, mesh, meta_skeleton(engine.model)) if staying else None
+        stats = move_role_state(engine, destination, train_spec(bind_train_state(engine)), move.dst,
+                                role_catalog(engine), recorder=runtime.recorder, trace_name=name)
+        moved, rounds = moved + stats.bytes_moved, rounds + stats.rounds
+        staged[move.role] = destination
+        setattr(runtime, move.role, None)  # the old world's engine: its state has moved
+    move_seconds = time.perf_counter() - started
+    stopping = time.perf_counter()
+    runtime.rollout.shutdown()  # collective; vLLM then destroys its groups and the old default group
+    runtime.rollout = None
+    stop_seconds = time.perf_counter() - stopping
+    if not staying:
+        atexit.unregister(clean_shm_segments)  # the survivors' segments: the launcher removes them when the job ends
+        raise LeftWorld(f"{name}: rank {rank} left the job after sending its state ({moved / 2**20:,.2f} MiB moved "
+                        f"in {rounds} rounds, {move_seconds:.2f} s); the run goes on with {change.new_world_size} ranks")
+    built = time.perf_counter()
+    membership.generation += 1
+    enter_new_world(store, membership.generation, change.renumbering()[rank], change.new_world_size, backend)
+    mesh = build_mesh(layout)
+    engines = {}
+    for role, engine in staged.items():
+        engines[role] = empty_engine_like(engine, layout, mesh, meta_skeleton(engine.model))
+        copy_state_locally(engine, engines[role])
+    staged.clear()
+    reformed = time.perf_counter()
+    runtime.enter_world(layout, engines)  # the rollout engine re-formed over the new world
+    runtime.sync_weights()
+    membership.placement = new.placement
+    done = time.perf_counter()
+    if dist.get_rank() == 0:
+        print(f"rlhf_dyna: {name}: {change.describe()}; moved {moved / 2**20:,.2f} MiB in {rounds} rounds; training "
+              f"layout {layout.describe()}, {done - started:.2f} s", flush=True)
+    return {"elastic/leave/seconds": done - started, "elastic/leave/bytes_moved": float(moved),
+            "elastic/leave/rounds": float(rounds), "elastic/leave/move_seconds": move_seconds,
+            "elastic/leave/build_seconds": reformed - built, "elastic/leave/rollout_seconds": stop_seconds + done - reformed}
+
+
+def leave_before_step(runtime, membership: Membership, step: int) -> dict[str, float]:
+    """Every change due before `step`, one after another; elastic/world_size and each change's metrics."""
+    metrics: dict[str, float] = {}
+    for event in membership.due_before(step):
+        metrics.update(change_world(runtime, membership, event.leaving, event.name))
+    return {**metrics, "elastic/world_size": float(dist.get_world_size())}
