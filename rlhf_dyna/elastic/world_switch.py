@@ -12,6 +12,7 @@ MASTER_ADDR:MASTER_PORT), which is why rank 0 cannot leave.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -46,6 +47,7 @@ def enter_new_world(store: dist.Store, generation: int, rank: int, world_size: i
         raise RuntimeError("the old world's default group is still initialised: destroy it before entering the new one")
     dist.init_process_group(backend, store=dist.PrefixStore(f"rlhf_dyna/world{generation}", store), rank=rank,
                             world_size=world_size)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))  # vLLM's external launcher reads its DP rank there
     forget_old_meshes()
 
 
