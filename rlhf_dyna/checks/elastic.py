@@ -10,7 +10,7 @@ from ..orchestrator.membership import membership_worlds
 from ..orchestrator.placements import scores_with_reward_model
 from ..errors import ConfigError
 
-LIVE = ("a live run executes leave:R@S and leave:A-B@S under placement=colocate with a training layout of dp only "
+LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM) under placement=colocate with a training layout of dp only "
         "(parallel.train tp, pp, cp, ep = 1), rollout.tp=1, no parallel.schedule, no reward model, no trainer.resume, "
         f"and rank {STORE_HOST_RANK} staying (it serves the job's store)")
 
@@ -41,14 +41,16 @@ def check_elastic(cfg: Config) -> None:
         raise ConfigError(
             f"elastic.join={e.join}: joining a running job is not built yet (docs/elastic.md says what is); start the "
             "job with the world it needs, or plan changes of world with dry_run=true elastic.events=[...].")
-    if not e.events:
+    if not e.events and not e.leave_on_sigterm:
         return
     try:
-        worlds = membership_worlds(cfg)
+        worlds = membership_worlds(cfg) if e.events else []
     except EventError as err:
         raise ConfigError(str(err)) from err
     problems = [] if cfg.dry_run else live_problems(cfg, [event for event, _ in worlds])
     if problems:
-        raise ConfigError(
-            f"elastic.events={list(e.events)}: a live run cannot execute this yet: {'; '.join(problems)}. For now "
-            f"{LIVE}. Change those settings, or add dry_run=true to plan and predict what each change moves and costs.")
+        asked = [f"elastic.events={list(e.events)}"] if e.events else []
+        asked += ["elastic.leave_on_sigterm=true"] if e.leave_on_sigterm else []
+        dry = ", or add dry_run=true to plan and predict what each change moves and costs" if e.events else ""
+        raise ConfigError(f"{' with '.join(asked)}: a live run cannot execute this yet: {'; '.join(problems)}. For now "
+                          f"{LIVE}. Change those settings{dry}.")

@@ -2,7 +2,7 @@
 training role's state moves to the survivors by VPS plan, and the survivors go on in a smaller world.
 
 At the boundary, on every rank of the old world, for each change due (`elastic.events` entries `leave:R@S` after step
-S, or ranks that received SIGTERM):
+S, then the ranks that received SIGTERM under elastic.leave_on_sigterm=true, agreed on by one all-reduce):
 1. the new world is planned (elastic.membership.world_after: dp fills the survivors, the same global batch); a change
    that cannot happen is refused here with a message, and the run goes on in the old world;
 2. a mesh over the survivors is built inside the old world, each role's empty engine on it, and the role's parameters
@@ -25,6 +25,7 @@ from ..elastic.events import Event, parse_events
 from ..elastic.membership import STORE_HOST_RANK, GlobalBatch, MembershipError, WorldChange, world_after
 from ..elastic.placement import Placement
 from ..elastic.policies import make_placement
+from ..elastic.sigterm import LeaveOnSigterm
 from ..elastic.world_switch import enter_new_world, job_store, survivor_mesh
 from ..launch.shm import clean_shm_segments
 from ..parallel_layout import ParallelLayout
@@ -32,6 +33,7 @@ from ..train.mesh import build_mesh
 from ..transition.bind_train import train_spec
 from ..transition.relayout import bind_train_state, empty_engine_like, meta_skeleton
 from ..transition.role_move import copy_state_locally, move_role_state, role_catalog
+from ..vps.spec import describe_ranks
 from .membership import global_batch
 from .placements import placement_request
 
@@ -49,14 +51,20 @@ class Membership:
     rollout_tp: int
     batch: GlobalBatch
     leaves: list[Event] = field(default_factory=list)
+    sigterm: LeaveOnSigterm | None = None  # elastic.leave_on_sigterm: SIGTERM asks this rank to leave
     generation: int = 0  # worlds entered since launch: names the store prefix of the next one
 
     @classmethod
-    def of(cls, cfg: Config) -> Membership:
+    def of(cls, cfg: Config) -> Membership | None:
+        """The run's membership, or None where nothing can change it (no elastic.events, no leave_on_sigterm)."""
+        e = cfg.elastic
+        if not e.events and not e.leave_on_sigterm:
+            return None
         request = placement_request(cfg)
-        events = parse_events(list(cfg.elastic.events), cfg.trainer.total_steps)
+        events = parse_events(list(e.events), cfg.trainer.total_steps)
         return cls(make_placement(request), request.train, cfg.rollout.tp, global_batch(cfg),
-                   [e for e in events if e.leaving])
+                   [event for event in events if event.leaving],
+                   LeaveOnSigterm().install() if e.leave_on_sigterm else None)
 
     def due_before(self, step: int) -> list[Event]:
         """The scripted leaves after step - 1 (before `step`), in the order given."""
@@ -130,8 +138,12 @@ def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name
 
 
 def leave_before_step(runtime, membership: Membership, step: int) -> dict[str, float]:
-    """Every change due before `step`, one after another; elastic/world_size and each change's metrics."""
+    """Every change due before `step`, one after another (the scripted ones, then the ranks that received SIGTERM);
+    elastic/world_size and each change's metrics."""
     metrics: dict[str, float] = {}
     for event in membership.due_before(step):
         metrics.update(change_world(runtime, membership, event.leaving, event.name))
+    asked = membership.sigterm.agree() if membership.sigterm is not None else ()
+    if asked:
+        metrics.update(change_world(runtime, membership, asked, f"elastic/leave/{describe_ranks(asked)}@{step - 1}"))
     return {**metrics, "elastic/world_size": float(dist.get_world_size())}

@@ -35,7 +35,7 @@ class ColocateRuntime(Runtime):
         cfg, run, info = self.cfg, self.run, self.run.dist_info
         self.layout = cfg.parallel.train_layout(master_weights=cfg.model.dtype != "float32")
         self.schedule = cfg.parallel.layout_schedule()
-        self.membership = Membership.of(cfg) if cfg.elastic.events else None
+        self.membership = Membership.of(cfg)  # elastic.events and SIGTERM: ranks leaving (orchestrator/leave.py)
         self.actor = build_actor(cfg, run.source, build_mesh(self.layout))
         self.model_dir = write_initial_checkpoint(run.source, self.actor, run.tokenizer, run.out_dir, info.node_rank,
                                                   info.local_rank)
