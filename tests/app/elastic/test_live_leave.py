@@ -5,7 +5,8 @@ The run goes on without a restart, ends with exit code 0, leaves no process behi
 the change's metrics, and logs the same per-step losses, grad norms, rewards and eval as a run whose world never
 changed (relative 1e-5): the steps after the change train from the moved parameters and AdamW moments, so a moved
 value that differs shows up in the next step's losses and grad norm. The bytes moved equal the planner's minimum for
-the change, as the dry run of the same command reports it.
+the change, as the dry run of the same command reports it. A leave whose new world the global batch does not split over is
+refused at the boundary with a message, and the run goes on in the old world.
 """
 from __future__ import annotations
 
@@ -85,15 +86,14 @@ def wait_for_step(run_dir: Path, step: int, deadline: float) -> None:
     raise TimeoutError(f"no step {step} in {metrics}")
 
 
-@pytest.mark.timeout(900)
-def test_a_rank_that_receives_sigterm_leaves_at_the_next_boundary(fixed, tmp_path: Path) -> None:
-    run_dir = tmp_path / "sigterm"
+def run_with_sigterm(run_dir: Path, rank: int, *args: str) -> list[dict]:
+    """The app with elastic.leave_on_sigterm=true; `kill -TERM` of `rank` once step 1 is logged; its metrics rows."""
     env = dict(os.environ, **{MARK: str(run_dir)})
-    cmd = [sys.executable, "-m", "rlhf_dyna", *ARGS, "elastic.leave_on_sigterm=true", f"hydra.run.dir={run_dir}"]
+    cmd = [sys.executable, "-m", "rlhf_dyna", *args, "elastic.leave_on_sigterm=true", f"hydra.run.dir={run_dir}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 600
-        pid = rank_pid(run_dir, 2, deadline)
+        pid = rank_pid(run_dir, rank, deadline)
         wait_for_step(run_dir, 1, deadline)  # in the loop: step 1 logged, so step 2 or 3 is the rank's last
         os.kill(pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
@@ -103,9 +103,28 @@ def test_a_rank_that_receives_sigterm_leaves_at_the_next_boundary(fixed, tmp_pat
         kill_marked(run_dir)
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     assert not marked_processes(str(run_dir))
-    rows = read_metrics(run_dir)
+    return read_metrics(run_dir)
+
+
+@pytest.mark.timeout(900)
+def test_a_rank_that_receives_sigterm_leaves_at_the_next_boundary(fixed, tmp_path: Path) -> None:
+    run_dir = tmp_path / "sigterm"
+    rows = run_with_sigterm(run_dir, 2, *ARGS)
     left_after = next(r["step"] for r in rows[1:] if r["elastic/world_size"] == 3.0) - 1
     assert left_after in (1, 2, 3)
     assert_left_at(rows, left_after)
     assert_same_metrics(fixed, rows)
     assert f"elastic/leave/2@{left_after}: rank 2 left the job" in (run_dir / "logs" / "rank2.log").read_text()
+
+
+@pytest.mark.timeout(900)
+def test_a_leave_the_global_batch_does_not_split_over_is_refused_and_the_run_goes_on(tmp_path: Path) -> None:
+    run_dir = tmp_path / "refused"
+    args = [a for a in ARGS if not a.startswith(("task.prompts_per_step=", "task.eval_size="))]
+    rows = run_with_sigterm(run_dir, 3, *args, "task.prompts_per_step=8", "task.eval_size=8")  # 32 rows, 3 x 2 shards
+    assert [r.get("elastic/world_size") for r in rows[1:]] == [4.0] * STEPS
+    assert not any(k.startswith("elastic/leave/") for r in rows for k in r)
+    refusal = [line for line in (run_dir / "logs" / "rank3.log").read_text().splitlines() if "refused" in line]
+    assert len(refusal) == 1, refusal
+    assert "refused, the run goes on with 4 ranks: rank 3 leaves (4 -> 3 ranks): the actor would train with dp=3" \
+        in refusal[0] and "use e.g. task.prompts_per_step=24" in refusal[0]
