@@ -10,9 +10,9 @@ from ..orchestrator.membership import membership_worlds
 from ..orchestrator.placements import scores_with_reward_model
 from ..errors import ConfigError
 
-LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM) under placement=colocate with a training layout of dp only "
-        "(parallel.train tp, pp, cp, ep = 1), rollout.tp=1, no parallel.schedule, no reward model, no trainer.resume, "
-        f"and rank {STORE_HOST_RANK} staying (it serves the job's store)")
+LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM) under placement=colocate with a "
+        "training layout of dp and tp (parallel.train pp, cp, ep = 1), rollout.tp=1, no parallel.schedule, no reward "
+        f"model, no trainer.resume, and rank {STORE_HOST_RANK} staying (it serves the job's store)")
 
 
 def live_problems(cfg: Config, events: list[Event]) -> list[str]:
@@ -20,7 +20,7 @@ def live_problems(cfg: Config, events: list[Event]) -> list[str]:
     t, problems = cfg.parallel.train, []
     if cfg.placement.policy != "colocate" or cfg.placement.rebalance:
         problems.append(f"placement={cfg.placement.policy}{' with rebalance' if cfg.placement.rebalance else ''}")
-    inner = {name: getattr(t, name) for name in ("tp", "pp", "cp", "ep") if getattr(t, name) != 1}
+    inner = {name: getattr(t, name) for name in ("pp", "cp", "ep") if getattr(t, name) != 1}
     problems += [f"parallel.train.{name}={value}" for name, value in inner.items()]
     if cfg.rollout.tp != 1:
         problems.append(f"rollout.tp={cfg.rollout.tp}")

@@ -65,6 +65,20 @@ def test_a_scripted_leave_changes_nothing_but_the_world(fixed, tmp_path: Path) -
     assert set(planned["roles"]) == {"actor", "reference"}  # kl_coef > 0: the reference's parameters move too
 
 
+@pytest.mark.timeout(900)
+def test_a_tensor_parallel_layout_loses_two_ranks_and_keeps_its_tp(fixed, tmp_path: Path) -> None:
+    """dp2 x tp2 -> dp1 x tp2 over the survivors 0 and 3 (a tp group of ranks that were in two): the same metrics as
+    the dp4 run that never changed (tp's summation order differs by ~1e-7)."""
+    run_dir = tmp_path / "tp2"
+    try:
+        left = run(run_dir, *ARGS, "parallel.train.tp=2", "elastic.events=[leave:1-2@2]")
+    finally:
+        kill_marked(run_dir)
+    assert_same_metrics(fixed, left)
+    assert [r.get("elastic/world_size") for r in left[1:]] == [4.0, 4.0, 2.0, 2.0]
+    assert "training layout dp1xtp2-zero3" in (run_dir / "logs" / "rank0.log").read_text()
+
+
 def rank_pid(run_dir: Path, rank: int, deadline: float) -> int:
     """The pid a rank announces when it takes SIGTERM as a request to leave."""
     log = run_dir / "logs" / f"rank{rank}.log"

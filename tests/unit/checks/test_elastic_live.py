@@ -1,4 +1,4 @@
-"""What a live run with ranks leaving runs today (checks/elastic.py): a colocated dp-only run passes; every other
+"""What a live run with ranks leaving runs today (checks/elastic.py): a colocated dp x tp run passes; every other
 setting is refused before spawn in one paragraph naming the setting and what is supported; the dry run plans them all."""
 from __future__ import annotations
 
@@ -39,10 +39,16 @@ def test_what_does_not_run_live_is_refused_naming_it(events, changes, named):
     assert named in message and LIVE in message and "a live run cannot execute this yet" in message
 
 
-def test_a_tensor_parallel_layout_is_refused_live_and_planned_by_the_dry_run():
+def test_a_pipeline_layout_is_refused_live_and_planned_by_the_dry_run():
     cfg = config(["leave:3@2"])
-    cfg.parallel.train.tp = 2
-    with pytest.raises(ConfigError, match="parallel.train.tp=2"):
+    cfg.parallel.train.pp = 2
+    with pytest.raises(ConfigError, match="parallel.train.pp=2"):
         check_elastic(cfg)
     cfg.dry_run = True
+    check_elastic(cfg)
+
+
+def test_a_tensor_parallel_training_layout_may_lose_ranks_live():
+    cfg = config(["leave:1-2@2"])
+    cfg.parallel.train.tp = 2
     check_elastic(cfg)
