@@ -1,7 +1,7 @@
 """End to end: ranks leave a live run (placement=colocate, 4 -> 3 gloo ranks) at a step boundary, by schedule
 (`elastic.events=[leave:1@2]`) and by a real `kill -TERM` of one rank's process (elastic.leave_on_sigterm=true).
 
-The run goes on without a restart, ends with exit code 0, leaves no process behind, logs the world size dropping and
+For GRPO and for PPO (whose critic moves too), the run goes on without a restart, ends with exit code 0, leaves no process behind, logs the world size dropping and
 the change's metrics, and logs the same per-step losses, grad norms, rewards and eval as a run whose world never
 changed (relative 1e-5): the steps after the change train from the moved parameters and AdamW moments, so a moved
 value that differs shows up in the next step's losses and grad norm. The bytes moved equal the planner's minimum for
@@ -77,6 +77,21 @@ def test_a_tensor_parallel_layout_loses_two_ranks_and_keeps_its_tp(fixed, tmp_pa
     assert_same_metrics(fixed, left)
     assert [r.get("elastic/world_size") for r in left[1:]] == [4.0, 4.0, 2.0, 2.0]
     assert "training layout dp1xtp2-zero3" in (run_dir / "logs" / "rank0.log").read_text()
+
+
+@pytest.mark.timeout(900)
+def test_ppo_moves_the_critic_too_and_changes_nothing_but_the_world(tmp_path: Path) -> None:
+    ppo = ["recipe=ppo_tiny" if a == "recipe=grpo_tiny" else a for a in ARGS]
+    try:
+        fixed_ppo = run(tmp_path / "fixed", *ppo)
+        left = run(tmp_path / "left", *ppo, "elastic.events=[leave:2@2]")
+    finally:
+        kill_marked(tmp_path / "fixed")
+        kill_marked(tmp_path / "left")
+    assert {"critic/vf_loss", "critic/grad_norm"} <= left[3].keys()
+    assert_same_metrics(fixed_ppo, left)
+    assert_left_at(left, 2)
+    assert left[3]["elastic/leave/rounds"] >= 3  # actor, critic and reference, one plan each
 
 
 def rank_pid(run_dir: Path, rank: int, deadline: float) -> int:
