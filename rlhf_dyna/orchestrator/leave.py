@@ -7,10 +7,10 @@ S, then the ranks that received SIGTERM under elastic.leave_on_sigterm=true, agr
    that cannot happen is refused here with a message, and the run goes on in the old world;
 2. a mesh over the survivors is built inside the old world, each role's empty engine on it, and the role's parameters
    and AdamW state move into it by VPS plan over the old world (transition.role_move: the leaving ranks send);
-3. the rollout engines shut down (vLLM's shutdown destroys the old default group); the leaving ranks stop (LeftWorld,
-   exit code 0); the survivors join a new default group over a fresh prefix of the job's store
-   (elastic.world_switch), copy their shards into engines on the new world's mesh, re-form vLLM over the new world
-   (one replica fewer per leaving rank) and sync the weights into it.
+3. vLLM's process groups and the old default group are destroyed (rollout.reform: the engines stay); the leaving
+   ranks stop (LeftWorld, exit code 0); the survivors join a new default group over a fresh prefix of the job's store
+   (elastic.world_switch), copy their shards into engines on the new world's mesh, re-form their vLLM engines' groups
+   and data-parallel places over the new world (one replica fewer per leaving rank) and sync the weights into them.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from ..elastic.sigterm import LeaveOnSigterm
 from ..elastic.world_switch import enter_new_world, job_store, survivor_mesh
 from ..launch.shm import clean_shm_segments
 from ..parallel_layout import ParallelLayout
+from ..rollout.reform import reform, release_groups
 from ..train.mesh import build_mesh
 from ..transition.bind_train import train_spec
 from ..transition.relayout import bind_train_state, empty_engine_like, meta_skeleton
@@ -108,10 +109,10 @@ def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name
         setattr(runtime, move.role, None)  # the old world's engine: its state has moved
     move_seconds = time.perf_counter() - started
     stopping = time.perf_counter()
-    runtime.rollout.shutdown()  # collective; vLLM then destroys its groups and the old default group
-    runtime.rollout = None
+    release_groups()  # vLLM's groups and the old default group; the engine itself stays
     stop_seconds = time.perf_counter() - stopping
     if not staying:
+        runtime.rollout = None  # its engine goes with the process
         atexit.unregister(clean_shm_segments)  # the survivors' segments: the launcher removes them when the job ends
         raise LeftWorld(f"{name}: rank {rank} left the job after sending its state ({moved / 2**20:,.2f} MiB moved "
                         f"in {rounds} rounds, {move_seconds:.2f} s); the run goes on with {change.new_world_size} ranks")
@@ -125,7 +126,8 @@ def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name
         copy_state_locally(engine, engines[role])
     staged.clear()
     reformed = time.perf_counter()
-    runtime.enter_world(layout, engines)  # the rollout engine re-formed over the new world
+    reform(runtime.rollout, dist.get_rank(), dist.get_world_size())  # the same engine, one replica of fewer
+    runtime.enter_world(layout, engines)
     runtime.sync_weights()
     membership.placement = new.placement
     done = time.perf_counter()

@@ -36,31 +36,34 @@ class ColocateRuntime(Runtime):
         self.layout = cfg.parallel.train_layout(master_weights=cfg.model.dtype != "float32")
         self.schedule = cfg.parallel.layout_schedule()
         self.membership = Membership.of(cfg)  # elastic.events and SIGTERM: ranks leaving (orchestrator/leave.py)
+        self.rollout_layout = self.world_rollout_layout()
         self.actor = build_actor(cfg, run.source, build_mesh(self.layout))
         self.model_dir = write_initial_checkpoint(run.source, self.actor, run.tokenizer, run.out_dir, info.node_rank,
                                                   info.local_rank)
-        self.recorder = self._recorder(WEIGHT_SYNC)
-        self.start_rollout()
-
-    def start_rollout(self) -> None:
-        """vLLM over the whole world (one replica per rollout.tp ranks), opening the initial weights; its sync."""
-        cfg, info = self.cfg, self.run.dist_info
-        self.rollout_layout = RolloutLayout(dist.get_world_size(), cfg.rollout.tp,
-                                            expert_parallel=cfg.rollout.expert_parallel)
         self.rollout = VLLMRollout(
             str(self.model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
             expert_parallel=cfg.rollout.expert_parallel, **engine_args(cfg, info.device.type, colocated=True),
         )
+        self.recorder = self._recorder(WEIGHT_SYNC)
+        self.sync = self.make_sync()
+
+    def world_rollout_layout(self) -> RolloutLayout:
+        """vLLM over the whole world: one replica per rollout.tp ranks."""
+        return RolloutLayout(dist.get_world_size(), self.cfg.rollout.tp, expert_parallel=self.cfg.rollout.expert_parallel)
+
+    def make_sync(self):
         # only the VPS executor has rounds to trace; naive's gathers are not traced
-        self.sync = make_sync(cfg.rollout.sync, **({"recorder": self.recorder} if cfg.rollout.sync == "vps" else {}))
+        name = self.cfg.rollout.sync
+        return make_sync(name, **({"recorder": self.recorder} if name == "vps" else {}))
 
     def enter_world(self, layout: ParallelLayout, engines: dict) -> None:
-        """After a membership change (orchestrator/leave.py): this rank's engines in the new world, and the rollout
-        re-formed over it (the caller syncs the weights into it)."""
+        """After a membership change (orchestrator/leave.py, which re-formed the rollout engine's groups): this rank's
+        engines and the rollout's layout in the new world; a new weight sync (its plans were the old world's)."""
         for role, engine in engines.items():
             setattr(self, role, engine)
         self.layout, self.rank = layout, dist.get_rank()
-        self.start_rollout()
+        self.rollout_layout = self.world_rollout_layout()
+        self.sync = self.make_sync()
 
     def generate(self, step: int) -> tuple[list, float]:
         samples = super().generate(step)
