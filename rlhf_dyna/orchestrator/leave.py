@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ..config import Config
 from ..elastic.events import Event, parse_events
-from ..elastic.membership import STORE_HOST_RANK, GlobalBatch, MembershipError, WorldChange, world_after
+from ..elastic.membership import STORE_HOST_RANK, GlobalBatch, MembershipError, NewWorld, WorldChange, world_after
 from ..elastic.placement import Placement
 from ..elastic.policies import make_placement
 from ..elastic.sigterm import LeaveOnSigterm
@@ -80,24 +80,25 @@ def refusal(change: WorldChange) -> str | None:
     return None
 
 
-def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name: str) -> dict[str, float]:
-    """Collective over the old world: `leaving` (ranks of the current world) leave. On the survivors: the change's
-    metrics (an empty dict where it was refused); on the leaving ranks: raises LeftWorld once their state is sent."""
-    rank, started = dist.get_rank(), time.perf_counter()
+def planned_world(membership: Membership, leaving: tuple[int, ...], name: str) -> NewWorld | None:
+    """The world after `leaving` leave, or None (with a message on rank 0 and the leaving ranks) where it cannot be."""
     try:
         change = WorldChange(dist.get_world_size(), leaving)
         why = refusal(change)
         if why is not None:
             raise MembershipError(why)
-        new = world_after(membership.placement, membership.preferred, membership.rollout_tp, membership.batch, change)
+        return world_after(membership.placement, membership.preferred, membership.rollout_tp, membership.batch, change)
     except MembershipError as err:
-        if rank == 0 or rank in leaving:
+        if dist.get_rank() == 0 or dist.get_rank() in leaving:
             print(f"rlhf_dyna: {name} refused, the run goes on with {dist.get_world_size()} ranks: {err}", flush=True)
-        return {}
-    staying = rank not in leaving
-    layout = new.layout.fill(change.new_world_size)
-    store, backend = job_store(), dist.get_backend()
-    mesh = survivor_mesh(layout, change.survivors)  # collective over the old world: the leaving ranks take part
+        return None
+
+
+def send_state(runtime, new: NewWorld, layout: ParallelLayout, name: str) -> tuple[dict, int, int]:
+    """Collective over the old world: every training role's state into engines on a mesh over the survivors (None on
+    the leaving ranks); (role -> engine, bytes moved, rounds). The runtime's old engines are dropped."""
+    staying = dist.get_rank() in new.change.survivors
+    mesh = survivor_mesh(layout, new.change.survivors)  # collective: the leaving ranks take part
     staged, moved, rounds = {}, 0, 0
     for move in new.moves:  # colocate: every rank holds every training role
         engine = getattr(runtime, move.role)
@@ -107,36 +108,53 @@ def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name
         moved, rounds = moved + stats.bytes_moved, rounds + stats.rounds
         staged[move.role] = destination
         setattr(runtime, move.role, None)  # the old world's engine: its state has moved
-    move_seconds = time.perf_counter() - started
-    stopping = time.perf_counter()
-    release_groups()  # vLLM's groups and the old default group; the engine itself stays
-    stop_seconds = time.perf_counter() - stopping
-    if not staying:
-        runtime.rollout = None  # its engine goes with the process
-        atexit.unregister(clean_shm_segments)  # the survivors' segments: the launcher removes them when the job ends
-        raise LeftWorld(f"{name}: rank {rank} left the job after sending its state ({moved / 2**20:,.2f} MiB moved "
-                        f"in {rounds} rounds, {move_seconds:.2f} s); the run goes on with {change.new_world_size} ranks")
-    built = time.perf_counter()
-    membership.generation += 1
-    enter_new_world(store, membership.generation, change.renumbering()[rank], change.new_world_size, backend)
-    mesh = build_mesh(layout)
-    engines = {}
+    return staged, moved, rounds
+
+
+def engines_on(layout: ParallelLayout, staged: dict) -> dict:
+    """The staged engines (on the survivors' mesh of the old world) copied, shard for shard, onto the new world's."""
+    mesh, engines = build_mesh(layout), {}
     for role, engine in staged.items():
         engines[role] = empty_engine_like(engine, layout, mesh, meta_skeleton(engine.model))
         copy_state_locally(engine, engines[role])
-    staged.clear()
-    reformed = time.perf_counter()
-    reform(runtime.rollout, dist.get_rank(), dist.get_world_size())  # the same engine, one replica of fewer
+    return engines
+
+
+def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name: str) -> dict[str, float]:
+    """Collective over the old world: `leaving` (ranks of the current world) leave. On the survivors: the change's
+    metrics (an empty dict where it was refused); on the leaving ranks: raises LeftWorld once their state is sent."""
+    rank, started = dist.get_rank(), time.perf_counter()
+    new = planned_world(membership, leaving, name)
+    if new is None:
+        return {}
+    layout = new.layout.fill(new.change.new_world_size)
+    store, backend = job_store(), dist.get_backend()
+    staged, moved, rounds = send_state(runtime, new, layout, name)
+    moved_at = time.perf_counter()
+    release_groups()  # vLLM's groups and the old default group; the engines stay
+    if rank in leaving:
+        runtime.rollout = None  # its engine goes with the process
+        atexit.unregister(clean_shm_segments)  # the survivors' segments: the launcher removes them when the job ends
+        raise LeftWorld(f"{name}: rank {rank} left the job after sending its state ({moved / 2**20:,.2f} MiB moved "
+                        f"in {rounds} rounds, {moved_at - started:.2f} s); the run goes on with "
+                        f"{new.change.new_world_size} ranks")
+    released_at = time.perf_counter()
+    membership.generation += 1
+    enter_new_world(store, membership.generation, new.change.renumbering()[rank], new.change.new_world_size, backend)
+    engines = engines_on(layout, staged)
+    built_at = time.perf_counter()
+    reform(runtime.rollout, dist.get_rank(), dist.get_world_size())  # the same engine, in a smaller DP group
     runtime.enter_world(layout, engines)
     runtime.sync_weights()
     membership.placement = new.placement
     done = time.perf_counter()
     if dist.get_rank() == 0:
-        print(f"rlhf_dyna: {name}: {change.describe()}; moved {moved / 2**20:,.2f} MiB in {rounds} rounds; training "
-              f"layout {layout.describe()}, {done - started:.2f} s", flush=True)
+        print(f"rlhf_dyna: {name}: {new.change.describe()}; moved {moved / 2**20:,.2f} MiB in {rounds} rounds; "
+              f"training layout {layout.describe()}, {done - started:.2f} s", flush=True)
     return {"elastic/leave/seconds": done - started, "elastic/leave/bytes_moved": float(moved),
-            "elastic/leave/rounds": float(rounds), "elastic/leave/move_seconds": move_seconds,
-            "elastic/leave/build_seconds": reformed - built, "elastic/leave/rollout_seconds": stop_seconds + done - reformed}
+            "elastic/leave/rounds": float(rounds), "elastic/leave/move_seconds": moved_at - started,
+            "elastic/leave/build_seconds": built_at - released_at,
+            "elastic/leave/rollout_seconds": released_at - moved_at + done - built_at}
 
 
 def leave_before_step(runtime, membership: Membership, step: int) -> dict[str, float]:
