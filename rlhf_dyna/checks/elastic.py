@@ -5,33 +5,34 @@ from __future__ import annotations
 
 from ..config import Config
 from ..elastic.events import Event, EventError
-from ..elastic.membership import STORE_HOST_RANK
+from ..elastic.membership import STORE_HOST_RANK, NewWorld, live_refusal
 from ..orchestrator.membership import membership_worlds
 from ..orchestrator.placements import scores_with_reward_model
 from ..errors import ConfigError
 
 LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM) under placement=colocate with a "
-        "training layout of dp and tp (parallel.train pp, cp, ep = 1), rollout.tp=1, no parallel.schedule, no reward "
-        f"model, no trainer.resume, and rank {STORE_HOST_RANK} staying (it serves the job's store)")
+        "training layout of dp and tp (parallel.train pp, cp, ep = 1), no parallel.schedule, no reward model, no "
+        f"trainer.resume, rank {STORE_HOST_RANK} staying (it serves the job's store), and rollout.tp consecutive ranks "
+        "(or a multiple) leaving at a time")
 
 
-def live_problems(cfg: Config, events: list[Event]) -> list[str]:
-    """What of a run with `events` a live run cannot execute yet (docs/elastic.md); [] = it can."""
+def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]]) -> list[str]:
+    """What of a run with these changes (each event with the world after it) a live run cannot execute yet
+    (docs/elastic.md); [] = it can."""
     t, problems = cfg.parallel.train, []
     if cfg.placement.policy != "colocate" or cfg.placement.rebalance:
         problems.append(f"placement={cfg.placement.policy}{' with rebalance' if cfg.placement.rebalance else ''}")
     inner = {name: getattr(t, name) for name in ("pp", "cp", "ep") if getattr(t, name) != 1}
     problems += [f"parallel.train.{name}={value}" for name, value in inner.items()]
-    if cfg.rollout.tp != 1:
-        problems.append(f"rollout.tp={cfg.rollout.tp}")
     if cfg.parallel.schedule:
         problems.append("parallel.schedule")
     if scores_with_reward_model(cfg) or cfg.algorithm.name == "reward_model":
         problems.append("a reward model" if cfg.algorithm.name != "reward_model" else "algorithm=reward_model")
     if cfg.trainer.resume:
         problems.append(f"trainer.resume={cfg.trainer.resume}")
-    problems += [f"{e.text} (joins are not built)" for e in events if e.joining]
-    problems += [f"{e.text} (rank {STORE_HOST_RANK} leaves)" for e in events if STORE_HOST_RANK in e.leaving]
+    problems += [f"{event.text} (joins are not built)" for event, _ in worlds if event.joining]
+    problems += [f"{event.text} ({why})" for event, world in worlds
+                 if event.leaving and (why := live_refusal(world.change, cfg.rollout.tp, world.rollout_tp))]
     return problems
 
 
@@ -47,7 +48,7 @@ def check_elastic(cfg: Config) -> None:
         worlds = membership_worlds(cfg) if e.events else []
     except EventError as err:
         raise ConfigError(str(err)) from err
-    problems = [] if cfg.dry_run else live_problems(cfg, [event for event, _ in worlds])
+    problems = [] if cfg.dry_run else live_problems(cfg, worlds)
     if problems:
         asked = [f"elastic.events={list(e.events)}"] if e.events else []
         asked += ["elastic.leave_on_sigterm=true"] if e.leave_on_sigterm else []

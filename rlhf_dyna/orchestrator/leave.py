@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ..config import Config
 from ..elastic.events import Event, parse_events
-from ..elastic.membership import STORE_HOST_RANK, GlobalBatch, MembershipError, NewWorld, WorldChange, world_after
+from ..elastic.membership import GlobalBatch, MembershipError, NewWorld, WorldChange, live_refusal, world_after
 from ..elastic.placement import Placement
 from ..elastic.policies import make_placement
 from ..elastic.sigterm import LeaveOnSigterm
@@ -72,22 +72,15 @@ class Membership:
         return [e for e in self.leaves if e.step == step - 1]
 
 
-def refusal(change: WorldChange) -> str | None:
-    """Why a change cannot run live although the planner accepts it, or None."""
-    if STORE_HOST_RANK in change.leaving:
-        return (f"{change.describe()}: rank {STORE_HOST_RANK} serves the job's store and writes its metrics, so it "
-                f"cannot leave (yet); any other rank can.")
-    return None
-
-
 def planned_world(membership: Membership, leaving: tuple[int, ...], name: str) -> NewWorld | None:
     """The world after `leaving` leave, or None (with a message on rank 0 and the leaving ranks) where it cannot be."""
     try:
         change = WorldChange(dist.get_world_size(), leaving)
-        why = refusal(change)
+        new = world_after(membership.placement, membership.preferred, membership.rollout_tp, membership.batch, change)
+        why = live_refusal(change, membership.rollout_tp, new.rollout_tp)
         if why is not None:
             raise MembershipError(why)
-        return world_after(membership.placement, membership.preferred, membership.rollout_tp, membership.batch, change)
+        return new
     except MembershipError as err:
         if dist.get_rank() == 0 or dist.get_rank() in leaving:
             print(f"rlhf_dyna: {name} refused, the run goes on with {dist.get_world_size()} ranks: {err}", flush=True)

@@ -1,4 +1,4 @@
-"""A running vLLM engine (external_launcher, tp=1 replicas) carried across a change of world: its model, KV cache and
+"""A running vLLM engine (external_launcher) carried across a change of world: its model, KV cache and
 scheduler stay; only its process groups and its data-parallel place are rebuilt over the new world.
 
     release_groups()                        # every rank of the old world, instead of rollout.shutdown()
@@ -24,9 +24,8 @@ def release_groups() -> None:
 
 
 def reform(rollout: VLLMRollout, rank: int, world_size: int) -> None:
-    """`rollout` as replica rank // tp of world_size // tp, on groups over the new default group (collective)."""
-    if rollout.tp != 1:
-        raise ValueError(f"re-forming vLLM over a new world is built for rollout.tp=1, not {rollout.tp}")
+    """`rollout` as replica rank // tp of world_size // tp, on groups over the new default group (collective). Its tp
+    and its place in its TP group stay (elastic.membership.live_refusal refuses changes that would move them)."""
     from vllm.config import set_current_vllm_config  # deferred, as in vllm_engine: importing vLLM costs seconds
     from vllm.distributed import parallel_state
     from vllm.v1.worker.gpu_worker import init_worker_distributed_environment

@@ -80,6 +80,19 @@ def test_a_tensor_parallel_layout_loses_two_ranks_and_keeps_its_tp(fixed, tmp_pa
 
 
 @pytest.mark.timeout(900)
+def test_vllm_engines_of_rollout_tp_2_keep_their_tp_when_a_pair_leaves(fixed, tmp_path: Path) -> None:
+    """rollout.tp=2: ranks 1-2 leave, so the survivors 0 and 3 (each from another TP group) form one TP group of
+    their kept engines; the same metrics as the tp1 run that never changed."""
+    run_dir = tmp_path / "rollout_tp2"
+    try:
+        left = run(run_dir, *ARGS, "rollout.tp=2", "elastic.events=[leave:1-2@2]")
+    finally:
+        kill_marked(run_dir)
+    assert_same_metrics(fixed, left)
+    assert [r.get("elastic/world_size") for r in left[1:]] == [4.0, 4.0, 2.0, 2.0]
+
+
+@pytest.mark.timeout(900)
 def test_ppo_moves_the_critic_too_and_changes_nothing_but_the_world(tmp_path: Path) -> None:
     ppo = ["recipe=ppo_tiny" if a == "recipe=grpo_tiny" else a for a in ARGS]
     try:

@@ -26,9 +26,10 @@ def test_a_colocated_dp_only_run_may_lose_ranks_live():
 
 @pytest.mark.parametrize("events,changes,named", [
     (["leave:1@2"], dict(placement__policy="split"), "placement=split"),
-    (["leave:1@2"], dict(rollout__tp=2), "rollout.tp=2"),
+    (["leave:3@2"], dict(rollout__tp=2), "leave:3@2 (rank 3 leaves (4 -> 3 ranks): the 3 ranks left would generate "
+                                         "with rollout tp 1, but a live vLLM engine keeps rollout.tp=2"),
     (["leave:3@2"], dict(trainer__resume="auto"), "trainer.resume=auto"),
-    (["leave:0@2"], {}, "leave:0@2 (rank 0 leaves)"),
+    (["leave:0@2"], {}, "leave:0@2 (rank 0 leaves (4 -> 3 ranks): rank 0 serves the job's store"),
     (["leave:3@2", "join@3"], {}, "join@3 (joins are not built)"),
     ([], dict(elastic__leave_on_sigterm=True, placement__policy="lend"), "placement=lend"),
 ])
@@ -51,4 +52,9 @@ def test_a_pipeline_layout_is_refused_live_and_planned_by_the_dry_run():
 def test_a_tensor_parallel_training_layout_may_lose_ranks_live():
     cfg = config(["leave:1-2@2"])
     cfg.parallel.train.tp = 2
+    check_elastic(cfg)
+
+
+def test_whole_rollout_tp_groups_may_leave_live():
+    cfg = config(["leave:2-3@2"], rollout__tp=2)
     check_elastic(cfg)
