@@ -207,6 +207,7 @@ class ElasticConfig:
 
     events: list[str] = field(default_factory=list)  # scripted changes: leave:R@S, leave:A-B@S, join@S, join:N@S
     join: Optional[str] = None  # RUN_DIR of a running job this process asks to join
+    leave_on_sigterm: bool = False  # a rank that receives SIGTERM leaves at the next step boundary (colocate)
 
 
 @dataclass

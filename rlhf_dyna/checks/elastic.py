@@ -1,12 +1,39 @@
 """Checks of the elastic group: every scripted membership change can happen (the event is well formed, its step lies
 inside the run, its ranks exist, it empties no role, the new world fits a layout and the same global batch), and what
-does not run live yet is refused."""
+does not run live yet is refused, naming what does."""
 from __future__ import annotations
 
 from ..config import Config
-from ..elastic.events import EventError
+from ..elastic.events import Event, EventError
+from ..elastic.membership import STORE_HOST_RANK, NewWorld, live_refusal
 from ..orchestrator.membership import membership_worlds
+from ..orchestrator.placements import scores_with_reward_model
 from ..errors import ConfigError
+
+LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM) under placement=colocate with a "
+        "training layout of dp and tp (parallel.train pp, cp, ep = 1), no parallel.schedule, no reward model, no "
+        f"trainer.resume, rank {STORE_HOST_RANK} staying (it serves the job's store), and rollout.tp consecutive ranks "
+        "(or a multiple) leaving at a time")
+
+
+def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]]) -> list[str]:
+    """What of a run with these changes (each event with the world after it) a live run cannot execute yet
+    (docs/elastic.md); [] = it can."""
+    t, problems = cfg.parallel.train, []
+    if cfg.placement.policy != "colocate" or cfg.placement.rebalance:
+        problems.append(f"placement={cfg.placement.policy}{' with rebalance' if cfg.placement.rebalance else ''}")
+    inner = {name: getattr(t, name) for name in ("pp", "cp", "ep") if getattr(t, name) != 1}
+    problems += [f"parallel.train.{name}={value}" for name, value in inner.items()]
+    if cfg.parallel.schedule:
+        problems.append("parallel.schedule")
+    if scores_with_reward_model(cfg) or cfg.algorithm.name == "reward_model":
+        problems.append("a reward model" if cfg.algorithm.name != "reward_model" else "algorithm=reward_model")
+    if cfg.trainer.resume:
+        problems.append(f"trainer.resume={cfg.trainer.resume}")
+    problems += [f"{event.text} (joins are not built)" for event, _ in worlds if event.joining]
+    problems += [f"{event.text} ({why})" for event, world in worlds
+                 if event.leaving and (why := live_refusal(world.change, cfg.rollout.tp, world.rollout_tp))]
+    return problems
 
 
 def check_elastic(cfg: Config) -> None:
@@ -15,14 +42,16 @@ def check_elastic(cfg: Config) -> None:
         raise ConfigError(
             f"elastic.join={e.join}: joining a running job is not built yet (docs/elastic.md says what is); start the "
             "job with the world it needs, or plan changes of world with dry_run=true elastic.events=[...].")
-    if not e.events:
+    if not e.events and not e.leave_on_sigterm:
         return
     try:
-        membership_worlds(cfg)
+        worlds = membership_worlds(cfg) if e.events else []
     except EventError as err:
         raise ConfigError(str(err)) from err
-    if not cfg.dry_run:
-        raise ConfigError(
-            f"elastic.events={list(e.events)}: membership changes are planned and predicted by the dry run, but a live "
-            "run does not execute them yet (docs/elastic.md); add dry_run=true to see what each change moves and "
-            "costs, or drop elastic.events.")
+    problems = [] if cfg.dry_run else live_problems(cfg, worlds)
+    if problems:
+        asked = [f"elastic.events={list(e.events)}"] if e.events else []
+        asked += ["elastic.leave_on_sigterm=true"] if e.leave_on_sigterm else []
+        dry = ", or add dry_run=true to plan and predict what each change moves and costs" if e.events else ""
+        raise ConfigError(f"{' with '.join(asked)}: a live run cannot execute this yet: {'; '.join(problems)}. For now "
+                          f"{LIVE}. Change those settings{dry}.")

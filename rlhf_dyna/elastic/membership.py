@@ -255,3 +255,24 @@ def role_moves(old: Placement, new: Placement, change: WorldChange) -> tuple[Rol
         kinds = (Kind.PARAM,) if role in (REFERENCE, REWARD_MODEL) else spec.kinds  # frozen: parameters only
         out.append(RoleMove(role, src.spec, in_space, kinds))  # type: ignore[arg-type]
     return tuple(out)
+
+
+STORE_HOST_RANK = 0  # a live job's store is served from rank 0's process (env:// rendezvous): it cannot leave
+
+
+def live_refusal(change: WorldChange, rollout_tp: int, new_rollout_tp: int) -> str | None:
+    """Why a change the planner accepts cannot run live yet, or None: rank 0 leaving, or a survivor's vLLM engine
+    whose tp or tp rank would change (an engine keeps its tp shard across the change; a leave takes whole TP groups'
+    worth of consecutive ranks)."""
+    what = change.describe()
+    if STORE_HOST_RANK in change.leaving:
+        return (f"{what}: rank {STORE_HOST_RANK} serves the job's store and writes its metrics, so it cannot leave "
+                f"(yet); any other rank can.")
+    if new_rollout_tp != rollout_tp:
+        return (f"{what}: the {change.new_world_size} ranks left would generate with rollout tp {new_rollout_tp}, "
+                f"but a live vLLM engine keeps rollout.tp={rollout_tp}; leave a multiple of {rollout_tp} ranks.")
+    moved = [old for new, old in enumerate(change.survivors) if new % rollout_tp != old % rollout_tp]
+    if moved:
+        return (f"{what}: rank {moved[0]} would change its place in its vLLM TP group (rollout.tp={rollout_tp}), "
+                f"which a live engine cannot; leave {rollout_tp} consecutive ranks (or a multiple) at a time.")
+    return None

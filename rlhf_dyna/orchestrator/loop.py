@@ -12,6 +12,7 @@ from ..config import Config
 from ..launch import DistInfo
 from ..tracking.sample_log import log_samples
 from ..tracking.timeline import write_run_trace
+from .leave import LeftWorld
 from .resume import checkpoint_and_export, export_policy, save_due
 from .reward_training import run_reward_training
 from .run import Run, make_run
@@ -43,12 +44,17 @@ def run_training(cfg: Config, out_dir: Path, dist_info: DistInfo) -> None:
         runtime.begin()
         if run.start_step == 0:
             run.log(0, {**warmup, **runtime.evaluate()})
-        for step in range(run.start_step + 1, cfg.trainer.total_steps + 1):
-            metrics = rl_step(run, runtime, step)
-            if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
-                metrics.update(runtime.evaluate())
-            run.log(step, metrics)
-            save(run, runtime, step)
+        try:
+            for step in range(run.start_step + 1, cfg.trainer.total_steps + 1):
+                metrics = rl_step(run, runtime, step)
+                if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
+                    metrics.update(runtime.evaluate())
+                run.log(step, metrics)
+                save(run, runtime, step)
+        except LeftWorld as left:  # elastic: this rank's state moved to the survivors, which go on without it
+            print(f"rlhf_dyna: {left}", flush=True)
+            failed = False
+            return
         if cfg.trainer.export_policy and not save_due(cfg.trainer, cfg.trainer.total_steps):
             export_policy(cfg.trainer, runtime.actor, runtime.model_dir, out_dir, writer=runtime.actor_first_rank)
         if runtime.recorder is not None:  # collective, so not in `finally`: after one rank fails the others would wait

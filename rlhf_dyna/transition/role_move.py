@@ -24,7 +24,7 @@ from rlhf_dyna.models.reward_catalog import reward_catalog_from_config
 from rlhf_dyna.models.value_catalog import value_catalog_from_config
 from rlhf_dyna.train.engine import TrainEngine, refresh_fsdp_shards
 from rlhf_dyna.train.mesh import layout_of_mesh
-from rlhf_dyna.transition.bind_train import DTYPE_NAMES, StateKey, bind_train_buffers
+from rlhf_dyna.transition.bind_train import DTYPE_NAMES, StateKey, bind_train_buffers, local_tensor
 from rlhf_dyna.transition.executor import execute
 from rlhf_dyna.transition.relayout import allocate_optimizer_state, bind_train_state, empty_engine_like, meta_skeleton
 from rlhf_dyna.transition.trace import TraceRecorder
@@ -149,3 +149,19 @@ class ParkedState:
         for storage, nbytes in self._sizes.values():
             storage.resize_(nbytes)
         self._sizes.clear()
+
+
+def copy_state_locally(source: TrainEngine, destination: TrainEngine) -> None:
+    """`source`'s parameters, AdamW moments and step into `destination`, an engine of the same layout on another mesh
+    over the same ranks (a new world's): shard for shard, local copies only (no collective but ZeRO-1/2's re-gather
+    of replicas on the destination's mesh)."""
+    prepare_optimizer(destination, optimizer_step(source))
+    src, dst = bind_train_state(source), bind_train_state(destination)
+    if src.keys() != dst.keys():
+        raise ValueError(f"state keys differ: {sorted(src.keys() ^ dst.keys())[:5]}")
+    with torch.no_grad():
+        for key, tensor in dst.items():
+            local_tensor(tensor).copy_(local_tensor(src[key]))
+    refresh_fsdp_shards(destination.model)
+    if destination.zero < 3:
+        destination.materialize_replicas()

@@ -23,6 +23,7 @@ from ...transition.relayout import layout_of, relayout
 from ...transition.syncs import make_sync
 from ...transition.vps_mover import least_moving_layout, make_vps_mover
 from ..build import build_actor, write_initial_checkpoint
+from ..leave import Membership, leave_before_step
 from ..step import mean_over_world, reshard_metrics
 from .base import Runtime
 
@@ -34,8 +35,8 @@ class ColocateRuntime(Runtime):
         cfg, run, info = self.cfg, self.run, self.run.dist_info
         self.layout = cfg.parallel.train_layout(master_weights=cfg.model.dtype != "float32")
         self.schedule = cfg.parallel.layout_schedule()
-        self.rollout_layout = RolloutLayout(dist.get_world_size(), cfg.rollout.tp,
-                                            expert_parallel=cfg.rollout.expert_parallel)
+        self.membership = Membership.of(cfg)  # elastic.events and SIGTERM: ranks leaving (orchestrator/leave.py)
+        self.rollout_layout = self.world_rollout_layout()
         self.actor = build_actor(cfg, run.source, build_mesh(self.layout))
         self.model_dir = write_initial_checkpoint(run.source, self.actor, run.tokenizer, run.out_dir, info.node_rank,
                                                   info.local_rank)
@@ -44,8 +45,25 @@ class ColocateRuntime(Runtime):
             expert_parallel=cfg.rollout.expert_parallel, **engine_args(cfg, info.device.type, colocated=True),
         )
         self.recorder = self._recorder(WEIGHT_SYNC)
+        self.sync = self.make_sync()
+
+    def world_rollout_layout(self) -> RolloutLayout:
+        """vLLM over the whole world: one replica per rollout.tp ranks."""
+        return RolloutLayout(dist.get_world_size(), self.cfg.rollout.tp, expert_parallel=self.cfg.rollout.expert_parallel)
+
+    def make_sync(self):
         # only the VPS executor has rounds to trace; naive's gathers are not traced
-        self.sync = make_sync(cfg.rollout.sync, **({"recorder": self.recorder} if cfg.rollout.sync == "vps" else {}))
+        name = self.cfg.rollout.sync
+        return make_sync(name, **({"recorder": self.recorder} if name == "vps" else {}))
+
+    def enter_world(self, layout: ParallelLayout, engines: dict) -> None:
+        """After a membership change (orchestrator/leave.py, which re-formed the rollout engine's groups): this rank's
+        engines and the rollout's layout in the new world; a new weight sync (its plans were the old world's)."""
+        for role, engine in engines.items():
+            setattr(self, role, engine)
+        self.layout, self.rank = layout, dist.get_rank()
+        self.rollout_layout = self.world_rollout_layout()
+        self.sync = self.make_sync()
 
     def generate(self, step: int) -> tuple[list, float]:
         samples = super().generate(step)
@@ -53,10 +71,12 @@ class ColocateRuntime(Runtime):
         return samples
 
     def before_step(self, step: int) -> dict[str, float]:
-        """A layout switch of parallel.schedule (after a resume: the layout the schedule had reached)."""
+        """The leaves of elastic.events due now (orchestrator/leave.py); a layout switch of parallel.schedule (after a
+        resume: the layout the schedule had reached)."""
+        metrics = leave_before_step(self, self.membership, step) if self.membership is not None else {}
         start = self.run.start_step
         layout = switch_at(self.schedule, step) if step > start + 1 or start == 0 else reached_by(self.schedule, step)
-        return self.change_layout(layout) if layout is not None else {}
+        return {**metrics, **self.change_layout(layout)} if layout is not None else metrics
 
     def change_layout(self, layout: ParallelLayout) -> dict[str, float]:
         """Online change of the training layout: every engine's parameters and optimizer state move to `layout` in

@@ -25,7 +25,10 @@ CASES = [
     (["recipe=grpo_70b", "elastic.events=[leave:120-127@5]", "dry_run=true"],
      "do not split into algorithm.mini_batches=1 x dp=15 equal shards. The global batch stays the same across a "
      "change; use e.g. task.prompts_per_step=240"),
-    (["elastic.events=[join@3]", "task.prompts_per_step=6"], "a live run does not execute them yet"),
+    (["elastic.events=[join@3]", "task.prompts_per_step=6"],
+     "a live run cannot execute this yet: join@3 (joins are not built)"),
+    (["elastic.events=[leave:1@2]", "parallel.world_size=4", "placement=split"],
+     "a live run cannot execute this yet: placement=split. For now a live run executes leave:R@S"),
     (["elastic.join=/tmp/some_run"], "elastic.join=/tmp/some_run: joining a running job is not built yet"),
 ]
 

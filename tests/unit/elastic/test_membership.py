@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlhf_dyna.elastic.membership import (GlobalBatch, MembershipError, WorldChange, layout_candidates, layout_for,
-                                          world_after)
+                                          live_refusal, world_after)
 from rlhf_dyna.elastic.placement import (ACTOR, CRITIC, GENERATE, REFERENCE, ROLLOUT, TRAIN_ACTOR, TRAIN_CRITIC,
                                          RankSet)
 from rlhf_dyna.elastic.policies import PolicyRequest, make_placement
@@ -126,3 +126,15 @@ def test_rollout_tp_drops_only_where_the_set_requires():
     new = world_after(placement, layout, 2, GlobalBatch(6, 12), WorldChange(4, (2,)))
     assert new.rollout_tp == 1 and new.layout == ParallelLayout(tp=1)
     assert new.moves[0].dst == ParallelSpec(dp=3, rank_map=(0, 1, 3))
+
+
+def test_a_live_leave_keeps_every_survivors_vllm_tp_rank():
+    """rollout tp 2 on 8 ranks: a pair of consecutive ranks may leave anywhere; one rank, or a pair that moves a
+    survivor to the other half of a TP group, may not; rank 0 never."""
+    assert live_refusal(WorldChange(8, (2, 3)), 2, 2) is None
+    assert live_refusal(WorldChange(8, (1, 2)), 2, 2) is None  # 3 -> 1, 4 -> 2: each keeps its place (rank mod 2)
+    assert "rank 2 would change its place in its vLLM TP group" in live_refusal(WorldChange(8, (1,)), 2, 2)
+    assert "would generate with rollout tp 1, but a live vLLM engine keeps rollout.tp=2" in \
+        live_refusal(WorldChange(8, (5,)), 2, 1)
+    assert "rank 0 serves the job's store" in live_refusal(WorldChange(8, (0, 1)), 2, 2)
+    assert live_refusal(WorldChange(4, (3,)), 1, 1) is None

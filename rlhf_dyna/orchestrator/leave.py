@@ -1,0 +1,162 @@
+"""A live leave at a step boundary (placement=colocate; docs/elastic.md): ranks leave the job, their share of every
+training role's state moves to the survivors by VPS plan, and the survivors go on in a smaller world.
+
+At the boundary, on every rank of the old world, for each change due (`elastic.events` entries `leave:R@S` after step
+S, then the ranks that received SIGTERM under elastic.leave_on_sigterm=true, agreed on by one all-reduce):
+1. the new world is planned (elastic.membership.world_after: dp fills the survivors, the same global batch); a change
+   that cannot happen is refused here with a message, and the run goes on in the old world;
+2. a mesh over the survivors is built inside the old world, each role's empty engine on it, and the role's parameters
+   and AdamW state move into it by VPS plan over the old world (transition.role_move: the leaving ranks send);
+3. vLLM's process groups and the old default group are destroyed (rollout.reform: the engines stay); the leaving
+   ranks stop (LeftWorld, exit code 0); the survivors join a new default group over a fresh prefix of the job's store
+   (elastic.world_switch), copy their shards into engines on the new world's mesh, re-form their vLLM engines' groups
+   and data-parallel places over the new world (one replica fewer per leaving rank) and sync the weights into them.
+"""
+from __future__ import annotations
+
+import atexit
+import time
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from ..config import Config
+from ..elastic.events import Event, parse_events
+from ..elastic.membership import GlobalBatch, MembershipError, NewWorld, WorldChange, live_refusal, world_after
+from ..elastic.placement import Placement
+from ..elastic.policies import make_placement
+from ..elastic.sigterm import LeaveOnSigterm
+from ..elastic.world_switch import enter_new_world, job_store, survivor_mesh
+from ..launch.shm import clean_shm_segments
+from ..parallel_layout import ParallelLayout
+from ..rollout.reform import reform, release_groups
+from ..train.mesh import build_mesh
+from ..transition.bind_train import train_spec
+from ..transition.relayout import bind_train_state, empty_engine_like, meta_skeleton
+from ..transition.role_move import copy_state_locally, move_role_state, role_catalog
+from ..vps.spec import describe_ranks
+from .membership import global_batch
+from .placements import placement_request
+
+
+class LeftWorld(Exception):
+    """Raised on a rank that has left the job at a membership change: its state lives on the survivors now."""
+
+
+@dataclass
+class Membership:
+    """The run's world as it changes: its placement, the preferred layout and rollout tp, the scripted leaves."""
+
+    placement: Placement
+    preferred: ParallelLayout  # the configured training layout, dp unresolved: each world prefers it
+    rollout_tp: int
+    batch: GlobalBatch
+    leaves: list[Event] = field(default_factory=list)
+    sigterm: LeaveOnSigterm | None = None  # elastic.leave_on_sigterm: SIGTERM asks this rank to leave
+    generation: int = 0  # worlds entered since launch: names the store prefix of the next one
+
+    @classmethod
+    def of(cls, cfg: Config) -> Membership | None:
+        """The run's membership, or None where nothing can change it (no elastic.events, no leave_on_sigterm)."""
+        e = cfg.elastic
+        if not e.events and not e.leave_on_sigterm:
+            return None
+        request = placement_request(cfg)
+        events = parse_events(list(e.events), cfg.trainer.total_steps)
+        return cls(make_placement(request), request.train, cfg.rollout.tp, global_batch(cfg),
+                   [event for event in events if event.leaving],
+                   LeaveOnSigterm().install() if e.leave_on_sigterm else None)
+
+    def due_before(self, step: int) -> list[Event]:
+        """The scripted leaves after step - 1 (before `step`), in the order given."""
+        return [e for e in self.leaves if e.step == step - 1]
+
+
+def planned_world(membership: Membership, leaving: tuple[int, ...], name: str) -> NewWorld | None:
+    """The world after `leaving` leave, or None (with a message on rank 0 and the leaving ranks) where it cannot be."""
+    try:
+        change = WorldChange(dist.get_world_size(), leaving)
+        new = world_after(membership.placement, membership.preferred, membership.rollout_tp, membership.batch, change)
+        why = live_refusal(change, membership.rollout_tp, new.rollout_tp)
+        if why is not None:
+            raise MembershipError(why)
+        return new
+    except MembershipError as err:
+        if dist.get_rank() == 0 or dist.get_rank() in leaving:
+            print(f"rlhf_dyna: {name} refused, the run goes on with {dist.get_world_size()} ranks: {err}", flush=True)
+        return None
+
+
+def send_state(runtime, new: NewWorld, layout: ParallelLayout, name: str) -> tuple[dict, int, int]:
+    """Collective over the old world: every training role's state into engines on a mesh over the survivors (None on
+    the leaving ranks); (role -> engine, bytes moved, rounds). The runtime's old engines are dropped."""
+    staying = dist.get_rank() in new.change.survivors
+    mesh = survivor_mesh(layout, new.change.survivors)  # collective: the leaving ranks take part
+    staged, moved, rounds = {}, 0, 0
+    for move in new.moves:  # colocate: every rank holds every training role
+        engine = getattr(runtime, move.role)
+        destination = empty_engine_like(engine, layout, mesh, meta_skeleton(engine.model)) if staying else None
+        stats = move_role_state(engine, destination, train_spec(bind_train_state(engine)), move.dst,
+                                role_catalog(engine), recorder=runtime.recorder, trace_name=name)
+        moved, rounds = moved + stats.bytes_moved, rounds + stats.rounds
+        staged[move.role] = destination
+        setattr(runtime, move.role, None)  # the old world's engine: its state has moved
+    return staged, moved, rounds
+
+
+def engines_on(layout: ParallelLayout, staged: dict) -> dict:
+    """The staged engines (on the survivors' mesh of the old world) copied, shard for shard, onto the new world's."""
+    mesh, engines = build_mesh(layout), {}
+    for role, engine in staged.items():
+        engines[role] = empty_engine_like(engine, layout, mesh, meta_skeleton(engine.model))
+        copy_state_locally(engine, engines[role])
+    return engines
+
+
+def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name: str) -> dict[str, float]:
+    """Collective over the old world: `leaving` (ranks of the current world) leave. On the survivors: the change's
+    metrics (an empty dict where it was refused); on the leaving ranks: raises LeftWorld once their state is sent."""
+    rank, started = dist.get_rank(), time.perf_counter()
+    new = planned_world(membership, leaving, name)
+    if new is None:
+        return {}
+    layout = new.layout.fill(new.change.new_world_size)
+    store, backend = job_store(), dist.get_backend()
+    staged, moved, rounds = send_state(runtime, new, layout, name)
+    moved_at = time.perf_counter()
+    release_groups()  # vLLM's groups and the old default group; the engines stay
+    if rank in leaving:
+        runtime.rollout = None  # its engine goes with the process
+        atexit.unregister(clean_shm_segments)  # the survivors' segments: the launcher removes them when the job ends
+        raise LeftWorld(f"{name}: rank {rank} left the job after sending its state ({moved / 2**20:,.2f} MiB moved "
+                        f"in {rounds} rounds, {moved_at - started:.2f} s); the run goes on with "
+                        f"{new.change.new_world_size} ranks")
+    released_at = time.perf_counter()
+    membership.generation += 1
+    enter_new_world(store, membership.generation, new.change.renumbering()[rank], new.change.new_world_size, backend)
+    engines = engines_on(layout, staged)
+    built_at = time.perf_counter()
+    reform(runtime.rollout, dist.get_rank(), dist.get_world_size())  # the same engine, in a smaller DP group
+    runtime.enter_world(layout, engines)
+    runtime.sync_weights()
+    membership.placement = new.placement
+    done = time.perf_counter()
+    if dist.get_rank() == 0:
+        print(f"rlhf_dyna: {name}: {new.change.describe()}; moved {moved / 2**20:,.2f} MiB in {rounds} rounds; "
+              f"training layout {layout.describe()}, {done - started:.2f} s", flush=True)
+    return {"elastic/leave/seconds": done - started, "elastic/leave/bytes_moved": float(moved),
+            "elastic/leave/rounds": float(rounds), "elastic/leave/move_seconds": moved_at - started,
+            "elastic/leave/build_seconds": built_at - released_at,
+            "elastic/leave/rollout_seconds": released_at - moved_at + done - built_at}
+
+
+def leave_before_step(runtime, membership: Membership, step: int) -> dict[str, float]:
+    """Every change due before `step`, one after another (the scripted ones, then the ranks that received SIGTERM);
+    elastic/world_size and each change's metrics."""
+    metrics: dict[str, float] = {}
+    for event in membership.due_before(step):
+        metrics.update(change_world(runtime, membership, event.leaving, event.name))
+    asked = membership.sigterm.agree() if membership.sigterm is not None else ()
+    if asked:
+        metrics.update(change_world(runtime, membership, asked, f"elastic/leave/{describe_ranks(asked)}@{step - 1}"))
+    return {**metrics, "elastic/world_size": float(dist.get_world_size())}

@@ -1,0 +1,172 @@
+"""End to end: ranks leave a live run (placement=colocate, 4 -> 3 gloo ranks) at a step boundary, by schedule
+(`elastic.events=[leave:1@2]`) and by a real `kill -TERM` of one rank's process (elastic.leave_on_sigterm=true).
+
+For GRPO and for PPO (whose critic moves too), the run goes on without a restart, ends with exit code 0, leaves no process behind, logs the world size dropping and
+the change's metrics, and logs the same per-step losses, grad norms, rewards and eval as a run whose world never
+changed (relative 1e-5): the steps after the change train from the moved parameters and AdamW moments, so a moved
+value that differs shows up in the next step's losses and grad norm. The bytes moved equal the planner's minimum for
+the change, as the dry run of the same command reports it. A leave whose new world the global batch does not split over is
+refused at the boundary with a message, and the run goes on in the old world.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.app.app_runs import read_metrics, run_cli
+from tests.app.marked_processes import MARK, marked_processes
+from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
+
+STEPS = 4
+ARGS = [a for a in GRPO4 if not a.startswith("trainer.total_steps=")] + [f"trainer.total_steps={STEPS}"]
+LEAVE = "elastic.events=[leave:1@2]"  # a middle rank: the survivors 0, 2, 3 become 0, 1, 2
+
+
+@pytest.fixture(scope="module")
+def fixed(tmp_path_factory) -> list[dict]:
+    """The run whose world stays 4 ranks throughout."""
+    return run(tmp_path_factory.mktemp("fixed") / "run", *ARGS)
+
+
+def assert_left_at(rows: list[dict], step: int) -> None:
+    """World size 4 up to `step`, 3 after; the change's metrics on the first step of the new world."""
+    assert [r.get("elastic/world_size") for r in rows[1:]] == [4.0 if s <= step else 3.0 for s in range(1, STEPS + 1)]
+    change = rows[step + 1]
+    assert change["elastic/leave/seconds"] > 0 and change["elastic/leave/rounds"] >= 1
+    assert change["elastic/leave/bytes_moved"] > 0
+    assert not any(k.startswith("elastic/leave/") for r in rows if r["step"] != step + 1 for k in r)
+
+
+@pytest.mark.timeout(900)
+def test_a_scripted_leave_changes_nothing_but_the_world(fixed, tmp_path: Path) -> None:
+    run_dir = tmp_path / "left"
+    try:
+        left = run(run_dir, *ARGS, LEAVE)
+    finally:
+        kill_marked(run_dir)
+    assert not marked_processes(str(run_dir))
+    assert any(abs(r["actor/pg_loss"]) > 1e-3 for r in fixed[1:]), "no learning signal: equality would be vacuous"
+    assert_same_metrics(fixed, left)
+    assert_left_at(left, 2)
+    assert "rank 1 left the job after sending its state" in (run_dir / "logs" / "rank1.log").read_text()
+
+    dry = run_cli(*ARGS, LEAVE, "dry_run=true", tmp_path=tmp_path / "dry")
+    assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
+    planned = next(r for r in json.loads((tmp_path / "dry" / "run" / "plan_summary.json").read_text())["transitions"]
+                   if r["transition"] == "elastic/leave/1@2")
+    assert left[3]["elastic/leave/bytes_moved"] == planned["bytes_min"] == planned["bytes_moved"]
+    assert set(planned["roles"]) == {"actor", "reference"}  # kl_coef > 0: the reference's parameters move too
+
+
+@pytest.mark.timeout(900)
+def test_a_tensor_parallel_layout_loses_two_ranks_and_keeps_its_tp(fixed, tmp_path: Path) -> None:
+    """dp2 x tp2 -> dp1 x tp2 over the survivors 0 and 3 (a tp group of ranks that were in two): the same metrics as
+    the dp4 run that never changed (tp's summation order differs by ~1e-7)."""
+    run_dir = tmp_path / "tp2"
+    try:
+        left = run(run_dir, *ARGS, "parallel.train.tp=2", "elastic.events=[leave:1-2@2]")
+    finally:
+        kill_marked(run_dir)
+    assert_same_metrics(fixed, left)
+    assert [r.get("elastic/world_size") for r in left[1:]] == [4.0, 4.0, 2.0, 2.0]
+    assert "training layout dp1xtp2-zero3" in (run_dir / "logs" / "rank0.log").read_text()
+
+
+@pytest.mark.timeout(900)
+def test_vllm_engines_of_rollout_tp_2_keep_their_tp_when_a_pair_leaves(fixed, tmp_path: Path) -> None:
+    """rollout.tp=2: ranks 1-2 leave, so the survivors 0 and 3 (each from another TP group) form one TP group of
+    their kept engines; the same metrics as the tp1 run that never changed."""
+    run_dir = tmp_path / "rollout_tp2"
+    try:
+        left = run(run_dir, *ARGS, "rollout.tp=2", "elastic.events=[leave:1-2@2]")
+    finally:
+        kill_marked(run_dir)
+    assert_same_metrics(fixed, left)
+    assert [r.get("elastic/world_size") for r in left[1:]] == [4.0, 4.0, 2.0, 2.0]
+
+
+@pytest.mark.timeout(900)
+def test_ppo_moves_the_critic_too_and_changes_nothing_but_the_world(tmp_path: Path) -> None:
+    ppo = ["recipe=ppo_tiny" if a == "recipe=grpo_tiny" else a for a in ARGS]
+    try:
+        fixed_ppo = run(tmp_path / "fixed", *ppo)
+        left = run(tmp_path / "left", *ppo, "elastic.events=[leave:2@2]")
+    finally:
+        kill_marked(tmp_path / "fixed")
+        kill_marked(tmp_path / "left")
+    assert {"critic/vf_loss", "critic/grad_norm"} <= left[3].keys()
+    assert_same_metrics(fixed_ppo, left)
+    assert_left_at(left, 2)
+    assert left[3]["elastic/leave/rounds"] >= 3  # actor, critic and reference, one plan each
+
+
+def rank_pid(run_dir: Path, rank: int, deadline: float) -> int:
+    """The pid a rank announces when it takes SIGTERM as a request to leave."""
+    log = run_dir / "logs" / f"rank{rank}.log"
+    while time.monotonic() < deadline:
+        text = log.read_text() if log.exists() else ""
+        for line in text.splitlines():
+            if f"rank {rank} (pid " in line and "SIGTERM" in line:
+                return int(line.split("(pid ")[1].split(")")[0])
+        time.sleep(0.2)
+    raise TimeoutError(f"rank {rank} never announced its pid in {log}")
+
+
+def wait_for_step(run_dir: Path, step: int, deadline: float) -> None:
+    metrics = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if metrics.exists() and any(json.loads(line)["step"] >= step for line in metrics.read_text().splitlines()):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"no step {step} in {metrics}")
+
+
+def run_with_sigterm(run_dir: Path, rank: int, *args: str) -> list[dict]:
+    """The app with elastic.leave_on_sigterm=true; `kill -TERM` of `rank` once step 1 is logged; its metrics rows."""
+    env = dict(os.environ, **{MARK: str(run_dir)})
+    cmd = [sys.executable, "-m", "rlhf_dyna", *args, "elastic.leave_on_sigterm=true", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 600
+        pid = rank_pid(run_dir, rank, deadline)
+        wait_for_step(run_dir, 1, deadline)  # in the loop: step 1 logged, so step 2 or 3 is the rank's last
+        os.kill(pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_marked(run_dir)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert not marked_processes(str(run_dir))
+    return read_metrics(run_dir)
+
+
+@pytest.mark.timeout(900)
+def test_a_rank_that_receives_sigterm_leaves_at_the_next_boundary(fixed, tmp_path: Path) -> None:
+    run_dir = tmp_path / "sigterm"
+    rows = run_with_sigterm(run_dir, 2, *ARGS)
+    left_after = next(r["step"] for r in rows[1:] if r["elastic/world_size"] == 3.0) - 1
+    assert left_after in (1, 2, 3)
+    assert_left_at(rows, left_after)
+    assert_same_metrics(fixed, rows)
+    assert f"elastic/leave/2@{left_after}: rank 2 left the job" in (run_dir / "logs" / "rank2.log").read_text()
+
+
+@pytest.mark.timeout(900)
+def test_a_leave_the_global_batch_does_not_split_over_is_refused_and_the_run_goes_on(tmp_path: Path) -> None:
+    run_dir = tmp_path / "refused"
+    args = [a for a in ARGS if not a.startswith(("task.prompts_per_step=", "task.eval_size="))]
+    rows = run_with_sigterm(run_dir, 3, *args, "task.prompts_per_step=8", "task.eval_size=8")  # 32 rows, 3 x 2 shards
+    assert [r.get("elastic/world_size") for r in rows[1:]] == [4.0] * STEPS
+    assert not any(k.startswith("elastic/leave/") for r in rows for k in r)
+    refusal = [line for line in (run_dir / "logs" / "rank3.log").read_text().splitlines() if "refused" in line]
+    assert len(refusal) == 1, refusal
+    assert "refused, the run goes on with 4 ranks: rank 3 leaves (4 -> 3 ranks): the actor would train with dp=3" \
+        in refusal[0] and "use e.g. task.prompts_per_step=24" in refusal[0]

@@ -1,0 +1,60 @@
+"""What a live run with ranks leaving runs today (checks/elastic.py): a colocated dp x tp run passes; every other
+setting is refused before spawn in one paragraph naming the setting and what is supported; the dry run plans them all."""
+from __future__ import annotations
+
+import pytest
+
+from rlhf_dyna.checks.elastic import LIVE, check_elastic
+from rlhf_dyna.config import Config
+from rlhf_dyna.errors import ConfigError
+
+
+def config(events: list[str], **changes) -> Config:
+    cfg = Config()
+    cfg.parallel.world_size, cfg.task.prompts_per_step, cfg.rollout.n = 4, 12, 4
+    cfg.elastic.events = events
+    for key, value in changes.items():
+        section, name = key.split("__")
+        setattr(getattr(cfg, section), name, value)
+    return cfg
+
+
+def test_a_colocated_dp_only_run_may_lose_ranks_live():
+    check_elastic(config(["leave:1@2", "leave:2@3"]))
+    check_elastic(config([], elastic__leave_on_sigterm=True))
+
+
+@pytest.mark.parametrize("events,changes,named", [
+    (["leave:1@2"], dict(placement__policy="split"), "placement=split"),
+    (["leave:3@2"], dict(rollout__tp=2), "leave:3@2 (rank 3 leaves (4 -> 3 ranks): the 3 ranks left would generate "
+                                         "with rollout tp 1, but a live vLLM engine keeps rollout.tp=2"),
+    (["leave:3@2"], dict(trainer__resume="auto"), "trainer.resume=auto"),
+    (["leave:0@2"], {}, "leave:0@2 (rank 0 leaves (4 -> 3 ranks): rank 0 serves the job's store"),
+    (["leave:3@2", "join@3"], {}, "join@3 (joins are not built)"),
+    ([], dict(elastic__leave_on_sigterm=True, placement__policy="lend"), "placement=lend"),
+])
+def test_what_does_not_run_live_is_refused_naming_it(events, changes, named):
+    with pytest.raises(ConfigError) as err:
+        check_elastic(config(events, **changes))
+    message = str(err.value)
+    assert named in message and LIVE in message and "a live run cannot execute this yet" in message
+
+
+def test_a_pipeline_layout_is_refused_live_and_planned_by_the_dry_run():
+    cfg = config(["leave:3@2"])
+    cfg.parallel.train.pp = 2
+    with pytest.raises(ConfigError, match="parallel.train.pp=2"):
+        check_elastic(cfg)
+    cfg.dry_run = True
+    check_elastic(cfg)
+
+
+def test_a_tensor_parallel_training_layout_may_lose_ranks_live():
+    cfg = config(["leave:1-2@2"])
+    cfg.parallel.train.tp = 2
+    check_elastic(cfg)
+
+
+def test_whole_rollout_tp_groups_may_leave_live():
+    cfg = config(["leave:2-3@2"], rollout__tp=2)
+    check_elastic(cfg)
