@@ -2,17 +2,14 @@
 the engine work (profile_train_step.json)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-
-def _read(bench: Path, name: str) -> dict:
-    return json.loads((bench / name).read_text())
+from .doc_tables import read
 
 
 def peer(bench: Path) -> str:
     """One row per shape and precision: medians of the steady steps, phases, the ratio (median over pairs)."""
-    report = _read(bench, "bench_peer.json")
+    report = read(bench, "bench_peer.json")
     rows = ["| shape | precision | pairs | rlhf_dyna s/step | generate / prepare / train / sync s | TRL s/step (fastest mode) "
             "| TRL generate / train s | **rlhf_dyna / TRL** |", "|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
@@ -28,7 +25,7 @@ def peer(bench: Path) -> str:
 
 def train_phase(bench: Path) -> str:
     """The real shape's prepare and train phases per rank, before (19690cd) and after the engine work."""
-    report = _read(bench, "profile_train_step.json")
+    report = read(bench, "profile_train_step.json")
     rows = ["| checkout | precision | prepare s wall (CPU) | train s wall (CPU) | train peak RSS per rank MiB | load average |",
             "|---|---|---|---|---|---|"]
     for run in report["runs"]:

@@ -66,30 +66,18 @@ def test_a_scripted_leave_changes_nothing_but_the_world(fixed, tmp_path: Path) -
 
 
 @pytest.mark.timeout(900)
-def test_a_tensor_parallel_layout_loses_two_ranks_and_keeps_its_tp(fixed, tmp_path: Path) -> None:
-    """dp2 x tp2 -> dp1 x tp2 over the survivors 0 and 3 (a tp group of ranks that were in two): the same metrics as
-    the dp4 run that never changed (tp's summation order differs by ~1e-7)."""
+def test_tensor_parallel_training_and_rollout_lose_two_ranks_and_keep_their_tp(fixed, tmp_path: Path) -> None:
+    """dp2 x tp2 training and rollout.tp=2, ranks 1-2 leave: training goes dp2 x tp2 -> dp1 x tp2 over the survivors
+    0 and 3 (a tp group of ranks that were in two), and their kept vLLM engines, each from another TP group, form one
+    TP group; the same metrics as the dp4 / tp1 run that never changed (tp's summation order differs by ~1e-7)."""
     run_dir = tmp_path / "tp2"
     try:
-        left = run(run_dir, *ARGS, "parallel.train.tp=2", "elastic.events=[leave:1-2@2]")
+        left = run(run_dir, *ARGS, "parallel.train.tp=2", "rollout.tp=2", "elastic.events=[leave:1-2@2]")
     finally:
         kill_marked(run_dir)
     assert_same_metrics(fixed, left)
     assert [r.get("elastic/world_size") for r in left[1:]] == [4.0, 4.0, 2.0, 2.0]
     assert "training layout dp1xtp2-zero3" in (run_dir / "logs" / "rank0.log").read_text()
-
-
-@pytest.mark.timeout(900)
-def test_vllm_engines_of_rollout_tp_2_keep_their_tp_when_a_pair_leaves(fixed, tmp_path: Path) -> None:
-    """rollout.tp=2: ranks 1-2 leave, so the survivors 0 and 3 (each from another TP group) form one TP group of
-    their kept engines; the same metrics as the tp1 run that never changed."""
-    run_dir = tmp_path / "rollout_tp2"
-    try:
-        left = run(run_dir, *ARGS, "rollout.tp=2", "elastic.events=[leave:1-2@2]")
-    finally:
-        kill_marked(run_dir)
-    assert_same_metrics(fixed, left)
-    assert [r.get("elastic/world_size") for r in left[1:]] == [4.0, 4.0, 2.0, 2.0]
 
 
 @pytest.mark.timeout(900)
