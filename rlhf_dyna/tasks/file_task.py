@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_dyna.tasks.base import BaseTask, Example, register_task
+from rlhf_dyna.tasks.epoch_order import EpochOrder
 from rlhf_dyna.tasks.rewards import RewardSet, build_rewards
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -44,7 +45,7 @@ class FileTask(BaseTask):
     def __init__(self, train_files: Sequence[str], eval_files: Sequence[str] = (), prompt_key: str = "prompt",
                  answer_key: str = "answer", max_prompt_tokens: int = 0, reward: Any = "math",
                  reward_weights: Sequence[float] = (), seed: int = 0, eval_size: int = 128, tokenizer=None) -> None:
-        self.prompt_key, self.answer_key, self.seed = prompt_key, answer_key, seed
+        self.prompt_key, self.answer_key = prompt_key, answer_key
         self.rewards: RewardSet = build_rewards(reward, reward_weights, answer_key)
         self.train = self._examples(train_files, tokenizer, max_prompt_tokens, "train")
         if not self.train:
@@ -52,8 +53,7 @@ class FileTask(BaseTask):
         # without eval files, eval scores the first training rows (not held out)
         evals = self._examples(eval_files, tokenizer, max_prompt_tokens, "eval") if eval_files else self.train
         self.eval = evals[:eval_size]
-        self.epoch, self.index = 0, 0
-        self._order = self._permutation(0)
+        self.order = EpochOrder(len(self.train), seed, "file", "rows")
 
     def _examples(self, files: Sequence[str], tokenizer, max_tokens: int, split: str) -> list[Example]:
         rows = load_rows(files)
@@ -70,21 +70,9 @@ class FileTask(BaseTask):
             examples = kept
         return examples
 
-    def _permutation(self, epoch: int) -> list[int]:
-        order = list(range(len(self.train)))
-        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        return order
-
     def train_prompts(self, step: int, batch_size: int, rng: random.Random) -> list[Example]:
         """The next `batch_size` rows of this epoch's order, into the next epoch when it runs out (rng unused)."""
-        out: list[Example] = []
-        while len(out) < batch_size:
-            if self.index == len(self._order):
-                self.epoch, self.index = self.epoch + 1, 0
-                self._order = self._permutation(self.epoch)
-            out.append(self.train[self._order[self.index]])
-            self.index += 1
-        return out
+        return [self.train[i] for i in self.order.take(batch_size)]
 
     def eval_set(self) -> list[Example]:
         return list(self.eval)
@@ -97,16 +85,10 @@ class FileTask(BaseTask):
         return sum(r > CORRECT_ABOVE for r in rewards) / len(rewards) if rewards else 0.0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "num_rows": len(self.train)}
+        return self.order.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("seed", self.seed) != self.seed or state.get("num_rows", len(self.train)) != len(self.train):
-            raise ValueError(
-                f"task=file position {state} was saved for seed={state.get('seed')} and {state.get('num_rows')} rows, but "
-                f"this run has seed={self.seed} and {len(self.train)} rows; resume with the same data and trainer.seed."
-            )
-        self.epoch, self.index = int(state["epoch"]), int(state["index"])
-        self._order = self._permutation(self.epoch)
+        self.order.load_state_dict(state)
 
 
 def make_file_task(task_cfg, seed: int, tokenizer) -> FileTask:

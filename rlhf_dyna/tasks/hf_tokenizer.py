@@ -30,7 +30,9 @@ class HFTokenizer:
     """A checkpoint directory's tokenizer and chat template (transformers.AutoTokenizer)."""
 
     def __init__(self, model_dir: str | Path) -> None:
-        from transformers import AutoTokenizer  # heavy import, only for real checkpoints
+        from transformers import (
+            AutoTokenizer,  # heavy import, only for real checkpoints
+        )
 
         self.model_dir = str(model_dir)
         try:

@@ -10,11 +10,11 @@ sees.
 """
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .epoch_order import EpochOrder
 from .file_task import load_rows
 from .reward_text import Text
 
@@ -50,7 +50,6 @@ class PreferenceTask:
 
     def __init__(self, train_files: Sequence[str], eval_files: Sequence[str] = (), prompt_key: str = "prompt",
                  chosen_key: str = "chosen", rejected_key: str = "rejected", seed: int = 0, eval_size: int = 128) -> None:
-        self.seed = seed
         keys = (prompt_key, chosen_key, rejected_key)
         train = self._pairs(train_files, keys, "task.train_files")
         if eval_files:
@@ -62,8 +61,7 @@ class PreferenceTask:
             raise ValueError(f"task=preference has {len(train)} training and {len(self.eval)} held-out pairs after "
                              "dropping identical ones; give files with more distinct pairs.")
         self.train = train
-        self.epoch, self.index = 0, 0
-        self._order = self._permutation(0)
+        self.order = EpochOrder(len(train), seed, "preference", "pairs")
 
     @staticmethod
     def _pairs(files: Sequence[str], keys: tuple[str, str, str], where: str) -> list[Pair]:
@@ -73,36 +71,18 @@ class PreferenceTask:
             print(identical_notice(dropped, len(rows), where), flush=True)
         return pairs
 
-    def _permutation(self, epoch: int) -> list[int]:
-        order = list(range(len(self.train)))
-        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        return order
-
     def train_pairs(self, batch_size: int) -> list[Pair]:
         """The next `batch_size` pairs of this epoch's order, into the next epoch when it runs out."""
-        out: list[Pair] = []
-        while len(out) < batch_size:
-            if self.index == len(self._order):
-                self.epoch, self.index = self.epoch + 1, 0
-                self._order = self._permutation(self.epoch)
-            out.append(self.train[self._order[self.index]])
-            self.index += 1
-        return out
+        return [self.train[i] for i in self.order.take(batch_size)]
 
     def eval_pairs(self) -> list[Pair]:
         return list(self.eval)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "num_pairs": len(self.train)}
+        return self.order.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("seed", self.seed) != self.seed or state.get("num_pairs", len(self.train)) != len(self.train):
-            raise ValueError(
-                f"task=preference position {state} was saved for seed={state.get('seed')} and {state.get('num_pairs')} "
-                f"pairs, but this run has seed={self.seed} and {len(self.train)} pairs; resume with the same data and "
-                "trainer.seed.")
-        self.epoch, self.index = int(state["epoch"]), int(state["index"])
-        self._order = self._permutation(self.epoch)
+        self.order.load_state_dict(state)
 
 
 def make_preference_task(task_cfg, seed: int) -> PreferenceTask:

@@ -73,7 +73,9 @@ class CharTokenizer:
     def save(self, directory: str | Path) -> Path:
         """Write tokenizer.json plus tokenizer_config.json into `directory` (an HF model dir),
         so `transformers.AutoTokenizer.from_pretrained(directory)` and vLLM can load it."""
-        from transformers import PreTrainedTokenizerFast  # heavy import, only when shipping
+        from transformers import (
+            PreTrainedTokenizerFast,  # heavy import, only when shipping
+        )
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)

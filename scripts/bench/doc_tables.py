@@ -123,7 +123,7 @@ def results(bench: Path, prefix: str = "docs/bench/") -> str:
 
     pipeline = read(bench, "rm_pipeline.json")
     summary = pipeline["summary"]
-    row(f"the classic RLHF pipeline (pairs -> reward model -> PPO), tiny Llama",
+    row("the classic RLHF pipeline (pairs -> reward model -> PPO), tiny Llama",
         f"reward model held-out pair accuracy {summary['rm_heldout_accuracy_end']:.2f}; PPO with it: sevens per "
         f"completion (the rule the pairs encode) {summary['ppo_sevens_per_completion_first5']:.2f} -> "
         f"**{summary['ppo_sevens_per_completion_last5']:.2f}** in {pipeline['ppo_steps']} steps", "rm_pipeline.json",
