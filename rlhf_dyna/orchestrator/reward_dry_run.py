@@ -14,7 +14,6 @@ from ..models.reward import read_reward_config
 from ..models.reward_catalog import reward_catalog, reward_catalog_from_config
 from ..vps.layout import build_layout
 from ..vps.model import ModelCatalog
-from ..vps.spec import ParallelSpec
 from ..vps.tensor import Kind
 from .placements import placement_of, scores_with_reward_model
 
@@ -27,16 +26,6 @@ def reward_model_catalog(cfg: Config, policy: ModelCatalog) -> ModelCatalog:
     return reward_catalog(policy)
 
 
-def bytes_per_rank(catalog: ModelCatalog, spec: ParallelSpec) -> dict[int, int]:
-    """Each rank's parameter bytes under `spec` (a frozen role holds nothing else)."""
-    held: dict[int, int] = {}
-    for entry in build_layout(catalog, spec, (Kind.PARAM,)).entries:
-        for shard in entry.geometry.shards:
-            for rank in shard.ranks:
-                held[rank] = held.get(rank, 0) + shard.box.volume * entry.tensor.itemsize
-    return held
-
-
 def host_copy_rows(cfg: Config, policy: ModelCatalog) -> list[dict]:
     """One row per host copy of the reward model in a step (none unless it is offloaded)."""
     if not scores_with_reward_model(cfg) or not cfg.reward_model.offload:
@@ -45,7 +34,7 @@ def host_copy_rows(cfg: Config, policy: ModelCatalog) -> list[dict]:
     rows = []
     for change in (c for c in changes(placement_of(cfg)) if c.role == REWARD_MODEL and not c.is_vps):
         spec = (change.dst if change.src.parked else change.src).spec
-        held = bytes_per_rank(catalog, spec)
+        held = build_layout(catalog, spec, (Kind.PARAM,)).bytes_by_rank()  # a frozen role holds parameters only
         total, most = sum(held.values()), max(held.values())
         rows.append(dict(transition=change.name, src=change.src.describe(), dst=change.dst.describe(),
                          world_size=spec.world_size, bytes_total=total, bytes_moved=total, bytes_min=total,

@@ -46,6 +46,15 @@ class Layout:
             sum(s.box.volume * len(s.ranks) for s in e.geometry.shards) * e.tensor.itemsize for e in self.entries
         )
 
+    def bytes_by_rank(self) -> dict[int, int]:
+        """Bytes each rank holds (a replica counted on every rank that holds it); ranks holding nothing are absent."""
+        held: dict[int, int] = {}
+        for e in self.entries:
+            for shard in e.geometry.shards:
+                for rank in shard.ranks:
+                    held[rank] = held.get(rank, 0) + shard.box.volume * e.tensor.itemsize
+        return held
+
 
 def build_layout(catalog: ModelCatalog, spec: ParallelSpec, kinds: tuple[Kind, ...] | None = None) -> Layout:
     """Layout of `catalog` under `spec` for `kinds` (default: every kind the spec's phase keeps)."""
