@@ -1,8 +1,9 @@
-"""The survivors' world after ranks leave (live part): a device mesh over the survivors built inside the old world, for
-the state's move, and the new default process group over a fresh prefix of the job's store once the old world is gone.
+"""The survivors' world after ranks leave (live part): the new default process group over a fresh prefix of the job's
+store once the old world is gone (the state moves first, into a mesh over the survivors inside the old world:
+`train.mesh.build_mesh(layout, survivors)`).
 
     store = job_store()                                   # before the old world goes: the job's TCPStore
-    mesh = survivor_mesh(layout, survivors=(0, 2, 3))     # every rank of the old world calls it, members or not
+    mesh = build_mesh(layout, survivors)                  # every rank of the old world calls it, members or not
     ... the state moves by VPS plan over the old world into engines on `mesh`; the old world is destroyed ...
     enter_new_world(store, generation=1, rank=new_rank, world_size=3)   # survivors only
 
@@ -13,31 +14,16 @@ MASTER_ADDR:MASTER_PORT), which is why rank 0 cannot leave.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 
-import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import _redistribute
 from torch.distributed.tensor._collective_utils import MeshTopoInfo
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
-from ..parallel_layout import ParallelLayout
-from ..train.mesh import mesh_device_type
 
 def job_store() -> dist.Store:
     """The default group's store: hold it before the old world is destroyed, so the new world can rendezvous on it."""
     return dist.distributed_c10d._get_default_store()
-
-
-def survivor_mesh(layout: ParallelLayout, survivors: Sequence[int]) -> DeviceMesh:
-    """`layout` (dp resolved, from rank 0) over the old world's `survivors`: position i of its grid is survivors[i],
-    as `vps.spec.placed_on(layout.spec(), survivors)` places its shards. Collective over the old world."""
-    if layout.pp > 1 or layout.ep > 1 or layout.cp > 1:
-        raise ValueError(f"a mesh over survivors is built for (dp, tp) layouts only, not {layout.describe()}")
-    names, grid = layout.mesh_grid()
-    ranks = torch.tensor([[survivors[p - layout.first_rank] for p in row] for row in grid], dtype=torch.int)
-    return DeviceMesh(mesh_device_type(), ranks, mesh_dim_names=names)
 
 
 def enter_new_world(store: dist.Store, generation: int, rank: int, world_size: int, backend: str) -> None:

@@ -22,11 +22,18 @@ import torch.distributed as dist
 
 from ..config import Config
 from ..elastic.events import Event, parse_events
-from ..elastic.membership import GlobalBatch, MembershipError, NewWorld, WorldChange, live_refusal, world_after
+from ..elastic.membership import (
+    GlobalBatch,
+    MembershipError,
+    NewWorld,
+    WorldChange,
+    live_refusal,
+    world_after,
+)
 from ..elastic.placement import Placement
 from ..elastic.policies import make_placement
 from ..elastic.sigterm import LeaveOnSigterm
-from ..elastic.world_switch import enter_new_world, job_store, survivor_mesh
+from ..elastic.world_switch import enter_new_world, job_store
 from ..launch.shm import clean_shm_segments
 from ..parallel_layout import ParallelLayout
 from ..rollout.reform import reform, release_groups
@@ -91,7 +98,7 @@ def send_state(runtime, new: NewWorld, layout: ParallelLayout, name: str) -> tup
     """Collective over the old world: every training role's state into engines on a mesh over the survivors (None on
     the leaving ranks); (role -> engine, bytes moved, rounds). The runtime's old engines are dropped."""
     staying = dist.get_rank() in new.change.survivors
-    mesh = survivor_mesh(layout, new.change.survivors)  # collective: the leaving ranks take part
+    mesh = build_mesh(layout, new.change.survivors)  # collective: the leaving ranks take part
     staged, moved, rounds = {}, 0, 0
     for move in new.moves:  # colocate: every rank holds every training role
         engine = getattr(runtime, move.role)

@@ -3,6 +3,8 @@ contiguous rank set; pp x dp x tp; expert parallel as edp x ep x tp with the fla
 calls it, members or not: creating a mesh's process groups is collective over the world."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -18,15 +20,23 @@ def mesh_device_type() -> str:
     return "cuda" if "nccl" in dist.get_backend() else "cpu"
 
 
-def build_mesh(layout: ParallelLayout) -> DeviceMesh:
+def build_mesh(layout: ParallelLayout, ranks: Sequence[int] | None = None) -> DeviceMesh:
     """The named mesh of `layout` (dp resolved): ("dp", "tp"), ("pp", "dp", "tp"), or ("edp", "ep", "tp") whose
-    ("edp", "ep") flattened is "dp" (non-expert parameters shard over all dp ranks, the experts' shards over edp)."""
+    ("edp", "ep") flattened is "dp" (non-expert parameters shard over all dp ranks, the experts' shards over edp).
+    `ranks`: the global rank at each position of the layout's rank order, where they are not the contiguous range from
+    `layout.first_rank` (e.g. the survivors of a leave, as `vps.spec.placed_on` places the shards)."""
     world = dist.get_world_size()
-    if layout.dp < 1 or layout.first_rank < 0 or layout.first_rank + layout.size > world:
+    names, grid = layout.mesh_grid()
+    positions = torch.tensor(grid, dtype=torch.int)
+    if ranks is not None:
+        if len(ranks) != layout.size or min(ranks) < 0 or max(ranks) >= world:
+            raise ValueError(f"layout {layout.describe()} over ranks {list(ranks)}: needs {layout.size} ranks of the "
+                             f"world of {world}")
+        positions = torch.tensor(list(ranks), dtype=torch.int)[positions - layout.first_rank]
+    elif layout.dp < 1 or layout.first_rank < 0 or layout.first_rank + layout.size > world:
         raise ValueError(f"layout {layout.describe()} on ranks from {layout.first_rank} does not fit the world of "
                          f"{world} ranks; valid: dp resolved and first_rank + dp*tp*pp*cp <= {world}")
-    names, grid = layout.mesh_grid()
-    mesh = DeviceMesh(mesh_device_type(), torch.tensor(grid, dtype=torch.int), mesh_dim_names=names)
+    mesh = DeviceMesh(mesh_device_type(), positions, mesh_dim_names=names)
     if names == EP_MESH_DIMS:
         mesh["edp", "ep"]._flatten("dp")  # registered on the root: mesh["dp"] is then the 1-D data-parallel mesh
     return mesh
