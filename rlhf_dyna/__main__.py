@@ -10,6 +10,7 @@ from .checks import ConfigError
 from .checks.overrides import check_overrides
 from .config import register_configs
 from .job import run_job
+from .launch.fork import exit_now, exit_status
 
 register_configs()
 
@@ -26,8 +27,12 @@ def main() -> None:
         check_overrides(sys.argv[1:])
     except ConfigError as err:
         print(f"rlhf_dyna: error: {err}", file=sys.stderr)
-        sys.exit(2)
-    app()
+        exit_now(2)
+    try:
+        app()
+    except SystemExit as err:
+        exit_now(exit_status(err))
+    exit_now(0)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,10 @@ from .orchestrator.checkpoint_dirs import CheckpointError, resolve_trainer_resum
 # vLLM logs every engine detail at INFO; wandb advertises its products: keep the per-step lines readable.
 QUIET_ENV = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
              "WANDB_SILENT": os.environ.get("WANDB_SILENT", "true")}
-# imported once by the launcher, which then forks the ranks: ranks importing them at once on shared cores take longer
-RANK_PRELOAD = ("rlhf_dyna.orchestrator.loop", "vllm.entrypoints.llm")
+# imported once by the launcher, which then forks the ranks (CPU only): ranks importing them at once on shared cores
+# take longer; the CPU worker and model loader are what vLLM imports when its engine starts
+RANK_PRELOAD = ("rlhf_dyna.orchestrator.loop", "vllm.entrypoints.llm", "rlhf_dyna.rollout.cpu_worker",
+                "vllm.model_executor.model_loader")
 
 
 def run_job(dcfg: DictConfig) -> int:

@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from .config import RESOLVED_CONFIG, Config, load_config
 from .launch import init_distributed, record_failure, route_rank_output, shutdown_distributed
+from .launch.fork import exit_now
 
 
 def shared_output_dir(out_dir: Path) -> Path:
@@ -35,6 +36,7 @@ def run_rank(cfg: Config, out_dir: Path) -> None:
 def main() -> None:
     out_dir = Path(sys.argv[1])
     run_rank(load_config(out_dir / RESOLVED_CONFIG), out_dir)
+    exit_now(0)  # the engines go with the process (VLLMRollout.close_for_exit): no teardown that would stop them
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 (gloo over loopback), each rank's return value handed back, and vLLM's /dev/shm segments removed afterwards."""
 from __future__ import annotations
 
+import gc
 import glob
 import multiprocessing
 import os
@@ -21,7 +22,7 @@ import torch.multiprocessing as mp
 # Ranks fork from a server that imported these once: re-importing them per rank costs ~5 s each on 2 cores. The list
 # takes effect when the session's first run starts the server.
 PRELOAD = ["torch", "torch.distributed.tensor", "transformers", "rlhf_dyna.models.build", "rlhf_dyna.train.engine",
-           "rlhf_dyna.transition.executor", "vllm"]
+           "rlhf_dyna.transition.executor", "vllm.entrypoints.llm", "rlhf_dyna.rollout.cpu_worker"]
 
 
 def _free_port() -> int:
@@ -37,6 +38,7 @@ def _rank_main(rank: int, world: int, port: int, ident: str, results: str, fn: C
         VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_DIST_IDENT=ident, OMP_NUM_THREADS="1",
     )
     torch.set_num_threads(1)  # two shared cores: one thread per rank avoids oversubscription
+    gc.freeze()  # the server's imported heap: vLLM's collections at engine start then walk only this rank's objects
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         result = fn(rank, world, *args)

@@ -3,13 +3,15 @@ resolved config (`config_resolved.yaml`) see the model that runs, not the tiny d
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from transformers import AutoConfig, PretrainedConfig
-
-from ..errors import ConfigError
 from ..config import Config, ModelConfig
+from ..errors import ConfigError
 from ..rollout.context_length import max_model_len
 from .architectures import ARCHITECTURES, live_architectures
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # model.dtype's choices
 
@@ -20,12 +22,15 @@ def _rope_theta(config: PretrainedConfig, default: float) -> float:
     return float(parameters.get("rope_theta", getattr(config, "rope_theta", default)))
 
 
-def read_checkpoint_config(path: str) -> PretrainedConfig:
+def read_checkpoint_config(path: str, key: str = "model.path") -> PretrainedConfig:
+    """The config.json of the checkpoint directory that config key `key` names, as transformers reads it."""
+    from transformers import AutoConfig  # deferred: its import costs seconds, which a run without a checkpoint skips
+
     try:
         return AutoConfig.from_pretrained(Path(path))
     except Exception as err:  # noqa: BLE001 -- any failure here is a bad config.json, said in one paragraph
         raise ConfigError(
-            f"model.path={path}: {Path(path) / 'config.json'} does not load as a Hugging Face config "
+            f"{key}={path}: {Path(path) / 'config.json'} does not load as a Hugging Face config "
             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); give a checkpoint directory "
             "whose config.json transformers reads (AutoConfig.from_pretrained)."
         ) from err

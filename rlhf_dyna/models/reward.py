@@ -7,15 +7,13 @@ engine runs the same forward, so a right-padded batch gets the scores the model 
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForSequenceClassification, PretrainedConfig
+from transformers import AutoModelForSequenceClassification, PretrainedConfig
 
 from .architectures import architecture
-
-SCORE_HEAD = "score"
+from .reward_catalog import SCORE_HEAD
 
 
 def classifier_class(model_type: str) -> str:
@@ -49,7 +47,3 @@ def score_head_init(config: PretrainedConfig, dtype: torch.dtype, seed: int) -> 
     std = getattr(config, "initializer_range", 0.02)
     weight = torch.randn((config.num_labels, config.hidden_size), generator=generator, dtype=torch.float32) * std
     return {f"{SCORE_HEAD}.weight": weight.to(dtype)}
-
-
-def read_reward_config(path: str | Path) -> PretrainedConfig:
-    return AutoConfig.from_pretrained(Path(path))

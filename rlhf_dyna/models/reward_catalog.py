@@ -7,7 +7,8 @@ from typing import Any
 
 from ..vps.model import CatalogTensor, ModelCatalog, Role
 from .catalog import catalog_from_config
-from .reward import SCORE_HEAD
+
+SCORE_HEAD = "score"  # the classifier's head, as transformers names it in *ForSequenceClassification
 
 
 def reward_catalog_from_config(cfg: Any, param_dtype: str = "bfloat16", state_dtype: str = "float32") -> ModelCatalog:

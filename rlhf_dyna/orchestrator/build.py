@@ -9,7 +9,8 @@ import torch.distributed as dist
 from ..config import Config, ModelConfig
 from ..models.build import VALUE_HEAD, ModelSpec, build_critic, build_policy, make_hf_config, save_hf_dir
 from ..models.meta_init import checkpoint_config, checkpoint_loader, meta_critic, meta_policy, value_head_init
-from ..models.reward import SCORE_HEAD, meta_reward_model, reward_config, score_head_init
+from ..models.reward import meta_reward_model, reward_config, score_head_init
+from ..models.reward_catalog import SCORE_HEAD
 from ..tasks.base import BaseTask, make_task
 from ..tasks.file_task import make_file_task
 from ..tasks.tokenizer import CharTokenizer

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..elastic.placement import REWARD_MODEL, changes
-from ..models.reward import read_reward_config
+from ..models.checkpoint_fields import read_checkpoint_config
 from ..models.reward_catalog import reward_catalog, reward_catalog_from_config
 from ..vps.layout import build_layout
 from ..vps.model import ModelCatalog
@@ -22,7 +22,7 @@ def reward_model_catalog(cfg: Config, policy: ModelCatalog) -> ModelCatalog:
     """The reward model's catalog: its checkpoint's, or a score head on the policy's backbone (`policy`)."""
     path = cfg.reward_model.path
     if path is not None and (Path(path) / "config.json").is_file():
-        return reward_catalog_from_config(read_reward_config(path), param_dtype=cfg.model.dtype)
+        return reward_catalog_from_config(read_checkpoint_config(path, "reward_model.path"), param_dtype=cfg.model.dtype)
     return reward_catalog(policy)
 
 

@@ -184,6 +184,16 @@ class VLLMRollout:
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset the prefix cache (requests still running?)")
 
+    def close_for_exit(self) -> None:
+        """The end of the rank (collective): the peers agree that generation is over, and the engine goes with the
+        process. vLLM's own shutdown unfreezes and collects the whole heap, seconds that an exiting rank need not
+        spend (it runs when the engine is collected, from a finalizer, which is detached here); its /dev/shm segments
+        are removed by the rank's exit hook (launch/rank.py)."""
+        dist.barrier()
+        finalizer = getattr(self.llm.llm_engine.engine_core, "_finalizer", None)  # vLLM's in-process client
+        if finalizer is not None:
+            finalizer.detach()
+
     def shutdown(self) -> None:
         """The last collective act of a rank: vLLM's EngineCore.shutdown() (also run when the LLM is garbage
         collected) calls cleanup_dist_env_and_memory(), which destroys the *default* process group too."""

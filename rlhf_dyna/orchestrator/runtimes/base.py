@@ -160,4 +160,4 @@ class Runtime(ABC):
     def close(self, failed: bool) -> None:
         """Stop this rank's engines and background work (`failed`: a rank failed, so no collective may run)."""
         if self.rollout is not None and not failed:
-            self.rollout.shutdown()
+            self.rollout.close_for_exit()
