@@ -18,7 +18,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from .architectures import live_architectures
-from .build import ModelSpec, build_policy, make_hf_config, save_hf_dir
+from .build import build_policy, save_hf_dir
+from .hf_config import ModelSpec, make_hf_config
 from .reward import reward_config
 
 PAD, BOS, EOS, UNK, IM_START, IM_END = "<pad>", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>"

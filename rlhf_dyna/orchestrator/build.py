@@ -6,8 +6,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..config import Config, ModelConfig
-from ..models.build import VALUE_HEAD, ModelSpec, build_critic, build_policy, make_hf_config, save_hf_dir
+from ..config import Config
+from ..models.build import VALUE_HEAD, build_critic, build_policy, save_hf_dir
+from ..models.hf_config import ModelSpec, make_hf_config
 from ..models.meta_init import checkpoint_config, checkpoint_loader, meta_critic, meta_policy, value_head_init
 from ..models.reward import meta_reward_model, reward_config, score_head_init
 from ..models.reward_catalog import SCORE_HEAD
@@ -29,29 +30,6 @@ def build_task(cfg: Config, tokenizer=None) -> BaseTask:
     return make_task(
         t.name, seed=cfg.trainer.seed, eval_size=t.eval_size, partial_credit=t.partial_credit,
         min_digits=t.min_digits, max_digits=t.max_digits,
-    )
-
-
-VOCAB_MULTIPLE = 16  # vocab-parallel embeddings need vocab % tp == 0 for every tp a run may switch to
-
-
-def padded_vocab(tokenizer_vocab: int) -> int:
-    return -(-tokenizer_vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
-
-
-def model_source(model: ModelConfig, tokenizer: CharTokenizer) -> ModelSpec | str:
-    """A local checkpoint dir when model.path is set; otherwise a spec for random init (task vocabulary,
-    padded; the padding rows are never sampled into a correct answer and cost nothing)."""
-    if model.path is not None:
-        return model.path
-    return ModelSpec(
-        arch=model.arch, vocab_size=padded_vocab(tokenizer.vocab_size), bos_token_id=tokenizer.bos_id,
-        eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id, hidden_size=model.hidden_size,
-        intermediate_size=model.intermediate_size, num_hidden_layers=model.num_hidden_layers,
-        num_attention_heads=model.num_attention_heads, num_key_value_heads=model.num_key_value_heads,
-        max_position_embeddings=model.max_position_embeddings, tie_word_embeddings=model.tie_word_embeddings,
-        rope_theta=model.rope_theta, num_experts=model.num_experts, num_experts_per_tok=model.num_experts_per_tok,
-        moe_intermediate_size=model.moe_intermediate_size,
     )
 
 

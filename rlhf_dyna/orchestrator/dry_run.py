@@ -9,13 +9,11 @@ from rich.table import Table
 
 from ..config import Config
 from ..models.catalog import catalog_from_config
-from ..models.build import make_hf_config
-from ..models.hf_config import hf_config_from_fields
+from ..models.hf_config import hf_config_from_fields, make_hf_config, model_source
 from ..parallel_layout import RolloutLayout
 from ..tasks.tokenizer import CharTokenizer
 from ..vps.cost import Cluster
 from ..vps.dryrun import Transition, summarize, write_summary
-from .build import model_source
 from .membership import membership_rows
 from .placements import placement_transitions
 from .reward_dry_run import host_copy_rows

@@ -13,12 +13,12 @@ from omegaconf import OmegaConf
 from ..algos.kl_control import make_kl_controller
 from ..config import Config
 from ..launch import DistInfo
-from ..models.build import ModelSpec
+from ..models.hf_config import ModelSpec, model_source
 from ..tasks.base import BaseTask
 from ..tasks.hf_tokenizer import build_tokenizer
 from ..tracking.console import CONSOLE_KEYS
 from ..tracking.tracker import Tracker
-from .build import build_task, model_source
+from .build import build_task
 
 SAMPLE_SEED_STRIDE = (1_000_003, 10_007)  # a step's sampling seed: seed * 1_000_003 + step * 10_007
 

@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 from ...elastic.placement import ACTOR, GENERATE, ROLLOUT, TRAIN_ACTOR
-from ...models.build import make_hf_config, save_hf_dir
+from ...models.build import save_hf_dir
+from ...models.hf_config import make_hf_config
 from ...models.meta_init import checkpoint_config
 from ...parallel_layout import ParallelLayout, RolloutLayout
 from ...rollout.context_length import max_model_len
