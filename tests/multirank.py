@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import glob
-import multiprocessing
 import os
 import pickle
 import socket
@@ -19,10 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-# Ranks fork from a server that imported these once: re-importing them per rank costs ~5 s each on 2 cores. The list
-# takes effect when the session's first run starts the server.
-PRELOAD = ["torch", "torch.distributed.tensor", "transformers", "rlhf_dyna.models.build", "rlhf_dyna.train.engine",
-           "rlhf_dyna.transition.executor", "vllm.entrypoints.llm", "rlhf_dyna.rollout.cpu_worker"]
+from tests.forkserver import forkserver
 
 
 def _free_port() -> int:
@@ -53,9 +49,9 @@ def run_ranks(fn: Callable, world: int, *args, timeout: float | None = None) -> 
     return what each returned, in rank order. Re-raises the first rank's failure after stopping the others; with
     `timeout` (seconds), stops every rank and raises TimeoutError when they run longer."""
     ident = f"rlhfdyna-{uuid.uuid4().hex[:10]}"  # vLLM names its /dev/shm segments from this
-    multiprocessing.set_forkserver_preload(PRELOAD)
     deadline = None if timeout is None else time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="rlhf_dyna_ranks_") as results:
+        forkserver()  # ranks fork from the server that imported torch, transformers and vLLM once
         ranks = mp.start_processes(_rank_main, args=(world, _free_port(), ident, results, fn, args), nprocs=world,
                                    join=False, start_method="forkserver")
         try:

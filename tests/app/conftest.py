@@ -8,6 +8,13 @@ from subprocess import CompletedProcess
 import pytest
 
 from tests.app.app_runs import run_app
+from tests.forkserver import start_forkserver
+
+
+@pytest.fixture(scope="session", autouse=True)
+def app_forkserver() -> None:
+    """The app runs' forkserver, started before the first test that times a run."""
+    start_forkserver()
 
 # grpo_tiny shortened, with tied embeddings and an export bound of ~60 KB per file (several safetensors files)
 GRPO_TINY = ["recipe=grpo_tiny", "rollout.sync=vps", "trainer.total_steps=2", "trainer.sft_warmup_steps=30",

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
 
 from rlhf_dyna.models.tiny_checkpoint import make_tiny_checkpoint
-from tests.app.marked_processes import MARK, marked_processes
+from tests.app.app_runs import run_app
 
 ROWS = [{"prompt": [{"role": "user", "content": f"{i} plus 1?"}], "answer": f"#### {i + 1}", "kind": "add"} for i in range(4)]
 
@@ -51,10 +50,8 @@ def strings(prompts, completions, **columns):
 
 
 def run_cli(setup, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rlhf_dyna", "task=file", "trainer.sft_warmup_steps=0", "tracking.wandb_mode=disabled", "task.eval_files=[]",
-           f"hydra.run.dir={setup['root']}/run", *args]
-    env = {**os.environ, MARK: str(setup["root"])}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=setup["root"], env=env)
+    return run_app("task=file", "trainer.sft_warmup_steps=0", "tracking.wandb_mode=disabled", "task.eval_files=[]",
+                   f"hydra.run.dir={setup['root']}/run", *args, timeout=120, cwd=setup["root"])
 
 
 CASES = [
@@ -112,5 +109,4 @@ def test_bad_data_fails_before_spawn(setup, name, args, message):
     else:
         assert "Traceback" not in proc.stderr
     assert "rank" not in proc.stdout.lower() and not list((setup["root"] / "run").rglob("rank*.log"))
-    assert marked_processes(str(setup["root"])) == [], "a process of the refused run is still alive"
     assert elapsed < 60, f"took {elapsed:.1f} s"

@@ -2,20 +2,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+
+from tests.app.app_runs import run_app
 
 FIELDS = ("transition", "bytes_total", "bytes_moved", "bytes_min", "rounds", "peak_extra_bytes", "predicted_s", "planning_s")
 
 
 @pytest.mark.parametrize("recipe", ["grpo_tiny", "ppo_tiny", "grpo_7b", "grpo_70b", "ppo_235b_moe"])
 def test_dry_run_plans_every_recipe(recipe, tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlhf_dyna", f"recipe={recipe}", "dry_run=true", f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True, timeout=300,
-    )
+    proc = run_app(f"recipe={recipe}", "dry_run=true", f"hydra.run.dir={tmp_path}", timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "train_to_rollout" in proc.stdout
     rows = json.loads((tmp_path / "plan_summary.json").read_text())["transitions"]

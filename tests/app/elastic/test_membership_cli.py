@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
+from tests.app.app_runs import run_app
+
 
 def run_cli(*args: str, tmp_path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rlhf_dyna", *args, f"hydra.run.dir={tmp_path}", "tracking.wandb_mode=disabled"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return run_app(*args, f"hydra.run.dir={tmp_path}", "tracking.wandb_mode=disabled", timeout=300)
 
 
 CASES = [

@@ -1,10 +1,10 @@
 """Placement overrides on the command line: bad ones are refused before spawn, naming the wrong number."""
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
+
+from tests.app.app_runs import run_app
 
 CASES = [
     (["placement=split", "parallel.world_size=4", "parallel.train.pp=2"], "but not with: parallel.train.pp=2 (use 1)"),
@@ -36,8 +36,7 @@ CASES = [
 
 @pytest.mark.parametrize("args,expected", CASES, ids=[" ".join(a) for a, _ in CASES])
 def test_bad_placement_is_refused_before_spawn(args, expected, tmp_path):
-    cmd = [sys.executable, "-m", "rlhf_dyna", *args, f"hydra.run.dir={tmp_path}", "tracking.wandb_mode=disabled"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = run_app(*args, f"hydra.run.dir={tmp_path}", "tracking.wandb_mode=disabled", timeout=120)
     assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
     assert expected in proc.stderr, proc.stderr
     assert not list(tmp_path.rglob("rank*.log")), "refused before any rank spawned"

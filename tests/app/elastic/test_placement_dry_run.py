@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+
+from tests.app.app_runs import run_app
 
 CASES = {
     "grpo_70b split": (["recipe=grpo_70b", "placement=split"], ["train_to_rollout"]),
@@ -22,8 +22,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_dry_run_plans_placement_changes(case, tmp_path):
     args, names = CASES[case]
-    proc = subprocess.run([sys.executable, "-m", "rlhf_dyna", *args, "dry_run=true", f"hydra.run.dir={tmp_path}"],
-                          capture_output=True, text=True, timeout=300)
+    proc = run_app(*args, "dry_run=true", f"hydra.run.dir={tmp_path}", timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = json.loads((tmp_path / "plan_summary.json").read_text())["transitions"]
     assert [r["transition"] for r in rows] == names

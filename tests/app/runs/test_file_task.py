@@ -3,13 +3,12 @@ chat prompts from a jsonl file, rewarded by `math` plus a custom reward module i
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from rlhf_dyna.models.tiny_checkpoint import make_tiny_checkpoint
+from tests.app.app_runs import run_app
 
 RECORDER = '''
 import json, os
@@ -40,14 +39,14 @@ def test_file_task_trains_a_real_checkpoint_on_chat_prompts(tmp_path):
     train_file, eval_file = write_jsonl(tmp_path / "train.jsonl", train), write_jsonl(tmp_path / "eval.jsonl", evals)
     (tmp_path / "my_rewards.py").write_text(RECORDER)
     run_dir = tmp_path / "run"
-    proc = subprocess.run([
-        sys.executable, "-m", "rlhf_dyna", "task=file", f"model.path={ckpt}", f"task.train_files=[{train_file}]",
+    proc = run_app(*[
+        "task=file", f"model.path={ckpt}", f"task.train_files=[{train_file}]",
         f"task.eval_files=[{eval_file}]", "task.reward=[math,my_rewards:record]", "task.reward_weights=[1.0,0.5]",
         "trainer.total_steps=2", "trainer.sft_warmup_steps=0", "task.prompts_per_step=4", "rollout.n=2",
         "rollout.max_new_tokens=8", "task.eval_size=4", "task.eval_every=2", "algorithm.micro_batch_size=8",
         "task.max_prompt_tokens=96", "tracking.wandb_mode=disabled", "tracking.sample_log=8",
         f"hydra.run.dir={run_dir}",
-    ], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    ], timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     tok = AutoTokenizer.from_pretrained(str(ckpt))

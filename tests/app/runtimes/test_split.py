@@ -11,11 +11,10 @@ its first step is still on-policy and logs colocate's step 1; later steps train 
 compare with one colocate run (the module's fixture)."""
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 
+from tests.app.app_runs import run_app
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, SYNC, assert_same_metrics, kill_marked, run, weight_files
 
@@ -66,9 +65,8 @@ def test_split_staleness_0_logs_what_colocate_logs(colocate, tmp_path):
 
 
 def test_split_refuses_what_it_does_not_run_before_spawn(tmp_path):
-    cmd = [sys.executable, "-m", "rlhf_dyna", *GRPO4, "placement=split", "placement.max_staleness=0",
-           "rollout.tp=2", f"hydra.run.dir={tmp_path}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = run_app(*GRPO4, "placement=split", "placement.max_staleness=0", "rollout.tp=2", f"hydra.run.dir={tmp_path}",
+                   timeout=120)
     assert proc.returncode != 0
     assert "placement=split" in proc.stderr and "rollout.tp=2" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "metrics.jsonl").exists()
