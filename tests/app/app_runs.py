@@ -50,6 +50,7 @@ def run_app(*args: str, timeout: int = 400, env: dict[str, str] | None = None, c
     cmd = [sys.executable, "-m", "rlhf_dyna", *args]
     with tempfile.TemporaryDirectory(prefix="rlhf_dyna_app_") as tmp:
         out, err = f"{tmp}/stdout", f"{tmp}/stderr"
+        Path(out).touch(), Path(err).touch()  # a child that fails before it opens them still reads as empty output
         child = forkserver().Process(target=_app_main, args=(list(args), dict(os.environ if env is None else env),
                                                                None if cwd is None else str(cwd), out, err))
         child.start()

@@ -5,12 +5,10 @@ from __future__ import annotations
 import math
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.app.app_runs import COMPARED, read_metrics
-from tests.app.marked_processes import MARK, marked_processes
+from tests.app.app_runs import COMPARED, read_metrics, run_app
+from tests.app.marked_processes import marked_processes
 
 # no ratio, dual or value clip: each is a discontinuity in the gradient that round-off may cross (test_lend.py)
 NO_CLIP = ["algorithm.clip_eps_low=1.0", "algorithm.clip_eps_high=1e9", "algorithm.clip_ratio_c=0",
@@ -44,10 +42,9 @@ def weight_files() -> set[str]:
 
 
 def run(run_dir: Path, *args: str) -> list[dict]:
-    """The app in run_dir, every process of it marked with run_dir; its metrics rows."""
-    env = dict(os.environ, **{MARK: str(run_dir)})
-    cmd = [sys.executable, "-m", "rlhf_dyna", *args, f"hydra.run.dir={run_dir}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    """The app in run_dir, every process of it marked with run_dir (its working directory); its metrics rows."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    proc = run_app(*args, f"hydra.run.dir={run_dir}", timeout=600, cwd=run_dir)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return read_metrics(run_dir)
 
