@@ -12,6 +12,7 @@ from . import launch
 from .checks import ConfigError, check_config
 from .checks.resources import wants_cuda
 from .config import RESOLVED_CONFIG, to_config
+from .elastic.events import joiner_slots, parse_events
 from .models.checkpoint_fields import resolve_model
 from .orchestrator.checkpoint_dirs import CheckpointError, resolve_trainer_resume
 
@@ -36,8 +37,9 @@ def run_job(dcfg: DictConfig) -> int:
             run_dry_run(cfg, out_dir)
             return 0
         cfg.trainer.resume = resolve_trainer_resume(cfg.trainer, out_dir)  # a bad one fails here, not in the ranks
+        joiners = len(joiner_slots(parse_events(list(cfg.elastic.events), cfg.trainer.total_steps)))
         if not torchrun:
-            launch.check_capacity(cfg.parallel.world_size, "cuda" if wants_cuda(cfg) else "cpu")
+            launch.check_capacity(cfg.parallel.world_size + joiners, "cuda" if wants_cuda(cfg) else "cpu")
     except (ConfigError, launch.LaunchError, CheckpointError) as err:
         print(f"rlhf_dyna: error: {err}", file=sys.stderr)
         return 2
@@ -47,6 +49,8 @@ def run_job(dcfg: DictConfig) -> int:
 
         run_rank(cfg, out_dir)
         return 0
-    print(f"rlhf_dyna: recipe {cfg.recipe}, {cfg.parallel.world_size} local ranks, output in {out_dir}", flush=True)
+    joining = f" (+{joiners} joining later)" if joiners else ""
+    print(f"rlhf_dyna: recipe {cfg.recipe}, {cfg.parallel.world_size} local ranks{joining}, output in {out_dir}",
+          flush=True)
     return launch.spawn_ranks(cfg.parallel.world_size, "rlhf_dyna.worker", [str(out_dir)], run_dir=out_dir, env=QUIET_ENV,
-                              preload=RANK_PRELOAD, console=cfg.tracking.console)
+                              preload=RANK_PRELOAD, console=cfg.tracking.console, joiners=joiners)

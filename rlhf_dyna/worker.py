@@ -1,6 +1,7 @@
 """Body of one rank: `python -m rlhf_dyna.worker OUTPUT_DIR` (spawned) or called under torchrun."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import torch.distributed as dist
 
 from .config import RESOLVED_CONFIG, Config, load_config
 from .launch import init_distributed, record_failure, route_rank_output, shutdown_distributed
+from .launch.spawn import JOINER_ENV
 
 
 def shared_output_dir(out_dir: Path) -> Path:
@@ -32,9 +34,27 @@ def run_rank(cfg: Config, out_dir: Path) -> None:
         shutdown_distributed()
 
 
+def run_joiner_process(cfg: Config, out_dir: Path, index: int) -> None:
+    """Joiner process `index` (elastic.events join@S): it enters the world at its boundary (orchestrator/joiner.py)."""
+    from .orchestrator.joiner import run_joiner  # as in run_rank: vLLM's import notices go to the process's log
+
+    try:
+        run_joiner(cfg, out_dir, index)
+    except Exception as err:
+        record_failure(err, cfg.parallel.world_size + index)
+        raise
+    finally:
+        shutdown_distributed()
+
+
 def main() -> None:
     out_dir = Path(sys.argv[1])
-    run_rank(load_config(out_dir / RESOLVED_CONFIG), out_dir)
+    cfg = load_config(out_dir / RESOLVED_CONFIG)
+    joiner = os.environ.get(JOINER_ENV)
+    if joiner is not None:
+        run_joiner_process(cfg, out_dir, int(joiner))
+    else:
+        run_rank(cfg, out_dir)
 
 
 if __name__ == "__main__":
