@@ -1,6 +1,6 @@
 """A joining rank and the running world meet on the job's store (live part of a join; docs/elastic.md).
 
-    store = joiner_store(host, port)                      # the joiner: a client of the job's TCPStore
+    store = job_client_store()                            # every process: a client of the job's TCPStore
     enter_private_world(store, index, "gloo")             # a world of one, so vLLM can start before the join
     ... prepare (task, skeletons, vLLM engine) ...
     announce_ready(store, index, build_seconds)
@@ -9,9 +9,10 @@
     waited, built = wait_ready(store, [index])            # the old world at the boundary: every rank
     admit(store, index, Admission(generation, rank, world_size, step))   # rank 0
 
-Keys live under the job store's "default_pg" prefix, where the launcher's env:// rendezvous put the first world, so a
-joiner's client and the ranks' `job_store()` name the same keys; each new world is a default group over
-`rlhf_dyna/world<generation>` (elastic.world_switch.enter_new_world).
+Every process (ranks and joiners) opens its own client of the job's TCPStore (MASTER_ADDR:MASTER_PORT, served from
+rank 0's process), under one prefix, so all name the same keys whatever worlds they have been through (torch nests
+a default group's store under prefixes of its own); each new world is a default group over
+`rlhf_dyna/world<generation>` of it (elastic.world_switch.enter_new_world).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-FIRST_WORLD_PREFIX = "default_pg"  # torch's prefix of the default group's store under env:// rendezvous
+JOB_PREFIX = "rlhf_dyna/job"
 JOB_DONE_KEY = "rlhf_dyna/job/done"  # set by rank 0 when the run ends: a waiting joiner stops
 STORE_TIMEOUT = timedelta(hours=24)  # a joiner may wait for its boundary as long as a run lasts
 POLL_S = 0.05
@@ -48,10 +49,12 @@ def admission_key(index: int) -> str:
     return f"rlhf_dyna/joiner{index}/admit"
 
 
-def joiner_store(host: str, port: int) -> dist.Store:
-    """The job's store as the ranks' `job_store()` sees it, from a process outside the world."""
+def job_client_store(host: str | None = None, port: int | None = None) -> dist.Store:
+    """A client of the job's store (the launcher's MASTER_ADDR:MASTER_PORT by default), under the job's prefix."""
+    host = host if host is not None else os.environ["MASTER_ADDR"]
+    port = port if port is not None else int(os.environ["MASTER_PORT"])
     client = dist.TCPStore(host, port, is_master=False, timeout=STORE_TIMEOUT, wait_for_workers=False)
-    return dist.PrefixStore(FIRST_WORLD_PREFIX, client)
+    return dist.PrefixStore(JOB_PREFIX, client)
 
 
 def enter_private_world(store: dist.Store, index: int, backend: str) -> None:

@@ -19,7 +19,7 @@ import torch
 
 from ..config import Config
 from ..elastic.events import joiner_slots
-from ..elastic.join_world import announce_ready, enter_private_world, joiner_store, wait_admission
+from ..elastic.join_world import announce_ready, enter_private_world, job_client_store, wait_admission
 from ..elastic.sigterm import LeaveOnSigterm
 from ..launch import DistInfo
 from ..launch.devices import rank_device, world_backend
@@ -76,7 +76,7 @@ def joiner_dist_info(cfg: Config, process: int, index: int) -> tuple[DistInfo, o
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     chosen = rank_device(cfg.parallel.device, process, local_world, torch.cuda.device_count())
     device, backend, ident = use_device(chosen, cfg.trainer.tf32), world_backend(chosen.type), os.environ["VLLM_DIST_IDENT"]
-    store = joiner_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    store = job_client_store()
     enter_private_world(store, index, backend)
     pin_vllm_shm_ident(ident)
     atexit.register(clean_shm_segments, ident)

@@ -24,7 +24,7 @@ class Membership:
     preferred: ParallelLayout  # the configured training layout, dp unresolved: each world prefers it
     rollout_tp: int
     batch: GlobalBatch
-    store: dist.Store  # the job's store under the first world's prefix: every new world's rendezvous is on it
+    store: dist.Store  # a client of the job's store (elastic.join_world): every new world's rendezvous is on it
     events: list[Event] = field(default_factory=list)  # elastic.events, in step order
     sigterm: LeaveOnSigterm | None = None  # elastic.leave_on_sigterm: SIGTERM asks this rank to leave
     generation: int = 0  # worlds entered since launch: names the store prefix of the next one
@@ -34,7 +34,7 @@ class Membership:
     @classmethod
     def of(cls, cfg: Config, store: dist.Store, sigterm: bool = True) -> Membership | None:
         """The run's membership, or None where nothing can change it (no elastic.events, no leave_on_sigterm).
-        `store`: the job's store as the first world named it (elastic.world_switch.job_store() on a launched rank)."""
+        `store`: this process's client of the job's store (elastic.join_world.job_client_store)."""
         e = cfg.elastic
         if not e.events and not e.leave_on_sigterm:
             return None

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ...elastic.placement import WEIGHT_SYNC
-from ...elastic.world_switch import job_store
+from ...elastic.join_world import job_client_store
 from ...parallel_layout import ParallelLayout, RolloutLayout, reached_by, switch_at
 from ...rollout.context_length import max_model_len
 from ...rollout.gpu_defaults import engine_args
@@ -37,7 +37,7 @@ class ColocateRuntime(Runtime):
         cfg, run, info = self.cfg, self.run, self.run.dist_info
         self.layout = cfg.parallel.train_layout(master_weights=cfg.model.dtype != "float32")
         self.schedule = cfg.parallel.layout_schedule()
-        self.membership = Membership.of(cfg, job_store())  # elastic.events and SIGTERM (orchestrator/world_changes.py)
+        self.membership = Membership.of(cfg, job_client_store())  # elastic.events and SIGTERM (orchestrator/world_changes.py)
         self.rollout_layout = self.world_rollout_layout()
         self.actor = build_actor(cfg, run.source, build_mesh(self.layout))
         self.model_dir = write_initial_checkpoint(run.source, self.actor, run.tokenizer, run.out_dir, info.node_rank,
