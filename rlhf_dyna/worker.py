@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from .config import RESOLVED_CONFIG, Config, load_config
 from .launch import init_distributed, record_failure, route_rank_output, shutdown_distributed
+from .elastic.join_world import NotAdmitted
 from .launch.spawn import JOINER_ENV
 
 
@@ -45,6 +46,22 @@ def run_joiner_process(cfg: Config, out_dir: Path, index: int) -> None:
         raise
     finally:
         shutdown_distributed()
+
+
+def run_requested_join(cfg: Config, run_dir: Path) -> int:
+    """elastic.join=RUN_DIR, in the process the command started: join the job running in run_dir with its config;
+    the exit code (1 with one paragraph when the job refused this process or ended before admitting it)."""
+    from .orchestrator.joiner import run_joiner  # as in run_rank: torch, vLLM and the loop on first use
+
+    try:
+        run_joiner(cfg, run_dir, None)
+    except (NotAdmitted, dist.DistStoreError) as err:
+        print(f"rlhf_dyna: error: elastic.join={run_dir}: not admitted: {err}", file=sys.stderr)
+        return 1
+    finally:
+        shutdown_distributed()
+    print(f"rlhf_dyna: the job in {run_dir} finished; this process trained with it to the end", flush=True)
+    return 0
 
 
 def main() -> None:

@@ -42,12 +42,21 @@ def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torch
     return problems
 
 
+def join_refusal(cfg: Config, under_torchrun: bool = False) -> str | None:
+    """Why a running job of this config cannot admit elastic.join=RUN_DIR processes live, or None."""
+    problems = live_problems(cfg, [], under_torchrun)
+    if cfg.rollout.tp != 1:
+        problems.append(f"rollout.tp={cfg.rollout.tp} (a joiner's vLLM engine starts as a replica of its own)")
+    if under_torchrun:
+        problems.append("torchrun (elastic.join needs the job store of python -m rlhf_dyna's launcher)")
+    return "; ".join(problems) or None
+
+
 def check_elastic(cfg: Config, under_torchrun: bool = False) -> None:
     e = cfg.elastic
-    if e.join is not None:
-        raise ConfigError(
-            f"elastic.join={e.join}: joining a running job is not built yet (docs/elastic.md says what is); start the "
-            "job with the world it needs, or plan changes of world with dry_run=true elastic.events=[...].")
+    if e.accept_joins and not cfg.dry_run and (why := join_refusal(cfg, under_torchrun)):
+        raise ConfigError(f"elastic.accept_joins=true: this run cannot admit joining processes live: {why}. For now "
+                          f"{LIVE}. Set elastic.accept_joins=null (admit them where the run can) or false.")
     if not e.events and not e.leave_on_sigterm:
         return
     try:

@@ -1,13 +1,14 @@
 """A joining rank and the running world meet on the job's store (live part of a join; docs/elastic.md).
 
     store = job_client_store()                            # every process: a client of the job's TCPStore
-    enter_private_world(store, index, "gloo")             # a world of one, so vLLM can start before the join
+    name = joiner_name(k)                                 # scripted joiner k; request_name(store) for elastic.join
+    enter_private_world(store, name, "gloo")              # a world of one, so vLLM can start before the join
     ... prepare (task, skeletons, vLLM engine) ...
-    announce_ready(store, index, build_seconds)
-    admission = wait_admission(store, index)              # blocks until the world admits it (None: the job ended)
+    announce_ready(store, name, build_seconds)
+    admission = wait_admission(store, name)               # blocks until the world admits it (NotAdmitted: it won't)
 
-    waited, built = wait_ready(store, [index])            # the old world at the boundary: every rank
-    admit(store, index, Admission(generation, rank, world_size, step))   # rank 0
+    waited, built = wait_ready(store, [name])             # the old world at the boundary: every rank
+    admit(store, name, Admission(generation, rank, world_size, step))    # rank 0
 
 Every process (ranks and joiners) opens its own client of the job's TCPStore (MASTER_ADDR:MASTER_PORT, served from
 rank 0's process), under one prefix, so all name the same keys whatever worlds they have been through (torch nests
@@ -25,8 +26,10 @@ from datetime import timedelta
 import torch.distributed as dist
 
 JOB_PREFIX = "rlhf_dyna/job"
-JOB_DONE_KEY = "rlhf_dyna/job/done"  # set by rank 0 when the run ends: a waiting joiner stops
+JOB_DONE_KEY = "done"  # set by rank 0 when the run ends: a waiting joiner stops
+REQUESTS_KEY = "requests"  # a counter: elastic.join=RUN_DIR processes that asked to join so far
 STORE_TIMEOUT = timedelta(hours=24)  # a joiner may wait for its boundary as long as a run lasts
+CONNECT_TIMEOUT = timedelta(seconds=30)  # a job whose store does not answer by then is not running
 POLL_S = 0.05
 
 
@@ -41,60 +44,93 @@ class Admission:
     step: int
 
 
-def ready_key(index: int) -> str:
-    return f"rlhf_dyna/joiner{index}/ready"
+class NotAdmitted(Exception):
+    """The job ended, or refused this joiner at its boundary: the message says which and why."""
 
 
-def admission_key(index: int) -> str:
-    return f"rlhf_dyna/joiner{index}/admit"
+def joiner_name(index: int) -> str:
+    """Joiner process `index` of the run's elastic.events (launch/spawn.py starts it)."""
+    return f"joiner{index}"
+
+
+def request_name(store: dist.Store) -> str:
+    """A new name for an elastic.join=RUN_DIR process: the job's requests are counted on its store."""
+    return f"request{store.add(REQUESTS_KEY, 1) - 1}"
+
+
+def requests_so_far(store: dist.Store) -> int:
+    return store.add(REQUESTS_KEY, 0)
+
+
+def ready_key(name: str) -> str:
+    return f"{name}/ready"
+
+
+def admission_key(name: str) -> str:
+    return f"{name}/admit"
+
+
+def refusal_key(name: str) -> str:
+    return f"{name}/refused"
 
 
 def job_client_store(host: str | None = None, port: int | None = None) -> dist.Store:
     """A client of the job's store (the launcher's MASTER_ADDR:MASTER_PORT by default), under the job's prefix."""
     host = host if host is not None else os.environ["MASTER_ADDR"]
     port = port if port is not None else int(os.environ["MASTER_PORT"])
-    client = dist.TCPStore(host, port, is_master=False, timeout=STORE_TIMEOUT, wait_for_workers=False)
+    client = dist.TCPStore(host, port, is_master=False, timeout=CONNECT_TIMEOUT, wait_for_workers=False)
+    client.set_timeout(STORE_TIMEOUT)
     return dist.PrefixStore(JOB_PREFIX, client)
 
 
-def enter_private_world(store: dist.Store, index: int, backend: str) -> None:
+def enter_private_world(store: dist.Store, name: str, backend: str) -> None:
     """A default group of one over the joiner's own prefix: vLLM's external launcher builds its engine inside a
     torch.distributed world, and `rollout.reform` later moves it into the DP group of the world it joins."""
-    dist.init_process_group(backend, store=dist.PrefixStore(f"rlhf_dyna/joiner{index}", store), rank=0, world_size=1)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"{name}/world", store), rank=0, world_size=1)
     os.environ.update(RANK="0", WORLD_SIZE="1")  # vLLM's external launcher reads its rank there
 
 
-def announce_ready(store: dist.Store, index: int, build_seconds: float) -> None:
-    store.set(ready_key(index), json.dumps({"build_seconds": build_seconds}))
+def announce_ready(store: dist.Store, name: str, build_seconds: float) -> None:
+    store.set(ready_key(name), json.dumps({"build_seconds": build_seconds}))
 
 
-def wait_ready(store: dist.Store, indices: list[int]) -> tuple[float, float]:
-    """Block until every joiner in `indices` is prepared; (seconds waited here, the longest preparation)."""
+def is_ready(store: dist.Store, name: str) -> bool:
+    return store.check([ready_key(name)])
+
+
+def wait_ready(store: dist.Store, names: list[str]) -> tuple[float, float]:
+    """Block until every joiner in `names` is prepared; (seconds waited here, the longest preparation)."""
     started = time.perf_counter()
-    keys = [ready_key(i) for i in indices]
+    keys = [ready_key(n) for n in names]
     store.wait(keys, STORE_TIMEOUT)
     waited = time.perf_counter() - started
     return waited, max(json.loads(store.get(k))["build_seconds"] for k in keys)
 
 
-def admit(store: dist.Store, index: int, admission: Admission) -> None:
-    store.set(admission_key(index), json.dumps(asdict(admission)))
+def admit(store: dist.Store, name: str, admission: Admission) -> None:
+    store.set(admission_key(name), json.dumps(asdict(admission)))
+
+
+def refuse(store: dist.Store, name: str, why: str) -> None:
+    store.set(refusal_key(name), why)
 
 
 def mark_job_done(store: dist.Store) -> None:
     store.set(JOB_DONE_KEY, "1")
 
 
-def wait_admission(store: dist.Store, index: int) -> Admission | None:
-    """Block until rank 0 admits joiner `index`; None when the job ends first (it marked itself done, or its store,
-    served from rank 0's process, went away)."""
-    key = admission_key(index)
+def wait_admission(store: dist.Store, name: str) -> Admission:
+    """Block until rank 0 admits joiner `name`; NotAdmitted when it refuses it or the job ends first (it marked
+    itself done, or its store, served from rank 0's process, went away)."""
+    key, refused = admission_key(name), refusal_key(name)
     while True:
         try:
             if store.check([key]):
                 return Admission(**json.loads(store.get(key)))
+            if store.check([refused]):
+                raise NotAdmitted(store.get(refused).decode())
             if store.check([JOB_DONE_KEY]):
-                return None
-        except (RuntimeError, dist.DistStoreError):  # the store's server (rank 0) is gone: the job has ended
-            return None
+                raise NotAdmitted("the job finished before a step boundary admitted this process")
+        except (RuntimeError, dist.DistStoreError) as err:  # the store's server (rank 0) is gone: the job has ended
+            raise NotAdmitted(f"the job ended before a step boundary admitted this process ({err})") from err
         time.sleep(POLL_S)

@@ -22,6 +22,7 @@ from .devices import cuda_initialised, forks_ranks
 from .failure import ERROR_FILE_ENV, RankFailure, error_file, first_failure, read_failure
 from .fork import ForkedRank, fork_rank, preload as preload_modules
 from .host import check_capacity, free_port, new_run_ident, usable_cores, visible_gpu_count
+from .join_file import RunningJob, mark_finished, write_join_file
 from .output import LAUNCHER_LOG, ROUTED_ENV, log_dir, output_to, pump, rank_log
 from .shm import SHM_DIR, clean_shm_segments
 
@@ -165,6 +166,7 @@ def spawn_ranks(
     preload: Sequence[str] = (),
     console: str = "progress",
     joiners: int = 0,
+    join_config: Path | None = None,
 ) -> int:
     """Run `python -m entry *args` (or `python entry *args` for a .py path) as `world_size` local
     ranks and supervise them; returns the exit code for the launcher (0, the failing rank's
@@ -174,7 +176,9 @@ def spawn_ranks(
     (launch/fork.py) instead of starting interpreters, unless a GPU is visible or this process has initialised CUDA
     (launch/devices.py): then every rank is a fresh interpreter whatever `preload` says. `joiners`: processes started
     beside the world (elastic.events join@S) with JOINER_ENV set to 0, 1, ...; they prepare, wait for their step
-    boundary and enter the world then (orchestrator/joiner.py); joiner k's log is rank{world_size + k}.log."""
+    boundary and enter the world then (orchestrator/joiner.py); joiner k's log is rank{world_size + k}.log.
+    `join_config`: the job admits `elastic.join=RUN_DIR` processes, which run with this resolved config: run_dir/join.json
+    says where the job's store is while the ranks run (launch/join_file.py)."""
     gpus = visible_gpu_count()
     processes = world_size + joiners
     check_capacity(processes, "cuda" if gpus else "cpu")
@@ -203,6 +207,8 @@ def spawn_ranks(
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous_handlers[sig] = signal.signal(sig, lambda signum, frame: stop_signal.append(signum))
 
+    if join_config is not None:
+        write_join_file(run_dir, RunningJob("127.0.0.1", port, run_ident, os.getpid(), world_size, str(join_config)))
     procs: list[Rank] = []
     pumps: list[threading.Thread] = []
     exits: queue.Queue[tuple[int, float]] = queue.Queue()  # (rank, when) in the order they exited
@@ -244,6 +250,8 @@ def spawn_ranks(
             pump_thread.join(timeout=grace_s)
         clean_shm_segments(run_ident, sorted(stale))
     finally:
+        if join_config is not None:
+            mark_finished(run_dir)
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
         if any(p.poll() is None for p in procs):  # an exception of our own above: leave nothing behind

@@ -128,20 +128,26 @@ def grow(runtime, membership: Membership, h: Handover, engines: dict, skeletons:
             "bytes_moved": float(moved), "rounds": float(rounds)}
 
 
-def admit_joiners(runtime, membership: Membership, joining: int, step: int, name: str) -> dict[str, float]:
-    """Collective over the old world: the next `joining` joiner processes of the run enter after step `step`; the
-    change's metrics (elastic/join/*), on the ranks of the new world."""
-    started, rank, world = time.perf_counter(), dist.get_rank(), dist.get_world_size()
-    new = world_after(membership.placement, membership.preferred, membership.rollout_tp, membership.batch,
-                      WorldChange(world, (), joining))  # a scripted join was checked before spawn
-    joiners = list(range(membership.joiners_before, membership.joiners_before + joining))
+def joined_world(membership: Membership, joining: int) -> NewWorld:
+    """The world after `joining` ranks join the current one (MembershipError: it cannot be)."""
+    return world_after(membership.placement, membership.preferred, membership.rollout_tp, membership.batch,
+                       WorldChange(dist.get_world_size(), (), joining))
+
+
+def admit_joiners(runtime, membership: Membership, joiners: list[str], step: int, name: str,
+                  scripted: bool = True) -> dict[str, float]:
+    """Collective over the old world: the processes `joiners` (elastic.join_world names) enter after step `step`;
+    the change's metrics (elastic/join/*), on the ranks of the new world. `scripted`: an elastic.events join (its
+    joiners count in membership.joiners_before), else elastic.join=RUN_DIR requests."""
+    started, rank, world, joining = time.perf_counter(), dist.get_rank(), dist.get_world_size(), len(joiners)
+    new = joined_world(membership, joining)  # a scripted join was checked before spawn, a request by rank 0
     waited, built = wait_ready(membership.store, joiners)
-    membership.joiners_before += joining
+    membership.joiners_before += joining if scripted else 0
     h = handover(runtime, membership, new, step, name) if rank == 0 else None
     membership.generation += 1
     if rank == 0:
-        for i, index in enumerate(joiners):
-            admit(membership.store, index, Admission(membership.generation, world + i, world + joining, step))
+        for i, joiner in enumerate(joiners):
+            admit(membership.store, joiner, Admission(membership.generation, world + i, world + joining, step))
     backend = dist.get_backend()
     release_groups()  # vLLM's groups and the old default group; the engines stay
     enter_new_world(membership.store, membership.generation, rank, world + joining, backend)

@@ -3,6 +3,10 @@
 the new world there (orchestrator/join.py) and runs the remaining steps as any rank does.
 
     python -m rlhf_dyna.worker RUN_DIR     with RLHF_DYNA_JOINER=k (launch/spawn.py sets it for joiner process k)
+    python -m rlhf_dyna elastic.join=RUN_DIR      a second terminal: this process asks the running job to admit it
+
+A process that asks (`elastic.join`) runs with the job's resolved config, registers on the job's store once prepared,
+and rank 0 admits it at the next step boundary (after the scripted changes and the SIGTERM leaves of that boundary).
 
 Preparation (`elastic/join/build_seconds`): the tokenizer and task, the model skeletons on meta of the roles it will
 hold, and its vLLM engine inside a private world of one (a default group over its own prefix of the job's store;
@@ -18,8 +22,9 @@ from pathlib import Path
 import torch
 
 from ..config import Config
-from ..elastic.events import joiner_slots
-from ..elastic.join_world import announce_ready, enter_private_world, job_client_store, wait_admission
+from ..elastic.events import Event, joiner_slots
+from ..elastic.join_world import (Admission, announce_ready, enter_private_world, job_client_store, joiner_name,
+                                  request_name, wait_admission)
 from ..elastic.sigterm import LeaveOnSigterm
 from ..launch import DistInfo
 from ..launch.devices import rank_device, world_backend
@@ -36,51 +41,57 @@ from .runtimes.colocate import ColocateRuntime
 from .world_changes import changes_before_step
 
 
-def run_joiner(cfg: Config, out_dir: Path, index: int) -> None:
-    """Joiner process `index` of the run: prepare, wait for the boundary, enter, train to the end."""
-    started, process = time.perf_counter(), cfg.parallel.world_size + index
-    info, store = joiner_dist_info(cfg, process, index)
-    run = make_run(cfg, out_dir, info)
-    membership = Membership.of(cfg, store, sigterm=False)
-    event, _ = joiner_slots(membership.events)[index]
+def run_joiner(cfg: Config, out_dir: Path, index: int | None) -> None:
+    """Joiner process `index` of the run's elastic.events, or (None) a process that asks to join the running job
+    (elastic.join=RUN_DIR): prepare, wait for the boundary, enter, train to the end. NotAdmitted: the job refused it
+    or ended first."""
+    started, store = time.perf_counter(), job_client_store()
+    membership = Membership.of(cfg, store, sigterm=False)  # pure until the boundary: the placement, the events
+    scripted = joiner_slots(membership.events)
+    name = joiner_name(index) if index is not None else request_name(store)
+    process = cfg.parallel.world_size + (index if index is not None else len(scripted) + int(name.removeprefix("request")))
+    event = scripted[index][0] if index is not None else None
+    run = make_run(cfg, out_dir, joiner_dist_info(cfg, process, name, store))
     runtime = ColocateRuntime(run)
-    runtime.prepare_to_join(membership, model_dir(run, index), process)
+    runtime.prepare_to_join(membership, model_dir(run, name), process)
     models = skeletons(cfg, run)
     built = time.perf_counter() - started
-    announce_ready(store, index, built)
-    print(f"rlhf_dyna: joiner {index} (pid {os.getpid()}) prepared in {built:.2f} s; waiting for {event.text}",
-          flush=True)
-    admission = wait_admission(store, index)
-    if admission is None:
-        print(f"rlhf_dyna: joiner {index}: the job ended before it admitted this process", flush=True)
-        return
+    announce_ready(store, name, built)
+    print(f"rlhf_dyna: {name} (pid {os.getpid()}) prepared in {built:.2f} s; waiting for "
+          f"{event.text if event is not None else 'the next step boundary'}", flush=True)
+    admission = wait_admission(store, name)
     run.start_step = admission.step
+    print(f"rlhf_dyna: {name} joins after step {admission.step} as rank {admission.rank} of {admission.world_size}",
+          flush=True)
     run_steps(run, runtime, lambda: enter(runtime, membership, admission, models, event))
 
 
-def enter(runtime: ColocateRuntime, membership: Membership, admission, models: dict, event) -> None:
-    """The joiner's set-up: its entry at its event, then the rest of that boundary as the old ranks run it."""
+def enter(runtime: ColocateRuntime, membership: Membership, admission: Admission, models: dict,
+          event: Event | None) -> None:
+    """The joiner's set-up: its entry at its event, then the rest of that boundary as the old ranks run it (nothing
+    is left after a request: requests come last)."""
     enter_as_joiner(runtime, membership, admission, models)
     if runtime.cfg.elastic.leave_on_sigterm:
         membership.sigterm = LeaveOnSigterm().install()
     step = admission.step + 1
-    position = next(i for i, e in enumerate(membership.due_before(step)) if e is event)
-    changes_before_step(runtime, membership, step, first=position + 1)
+    if event is not None:
+        position = next(i for i, e in enumerate(membership.due_before(step)) if e is event)
+        changes_before_step(runtime, membership, step, first=position + 1)
     membership.entered_before = step
     runtime.begin()
 
 
-def joiner_dist_info(cfg: Config, process: int, index: int) -> tuple[DistInfo, object]:
-    """A private world of one over the joiner's prefix of the job's store, and that store; `process`: its launch
-    index (world_size + k), which names its log and trace row until the new world gives it a rank."""
+def joiner_dist_info(cfg: Config, process: int, name: str, store) -> DistInfo:
+    """A private world of one over the joiner's prefix of the job's store; `process`: its launch index (world_size
+    + k), which names its log and trace row until the new world gives it a rank."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    os.environ.setdefault("LOCAL_RANK", str(process))  # vLLM's external launcher reads it (elastic.join sets none)
     chosen = rank_device(cfg.parallel.device, process, local_world, torch.cuda.device_count())
     device, backend, ident = use_device(chosen, cfg.trainer.tf32), world_backend(chosen.type), os.environ["VLLM_DIST_IDENT"]
-    store = job_client_store()
-    enter_private_world(store, index, backend)
+    enter_private_world(store, name, backend)
     pin_vllm_shm_ident(ident)
     atexit.register(clean_shm_segments, ident)
-    return DistInfo(process, 1, process, local_world, 0, backend, device, ident), store
+    return DistInfo(process, 1, process, local_world, 0, backend, device, ident)
 
 
 def skeletons(cfg: Config, run: Run) -> dict:
@@ -95,10 +106,10 @@ def skeletons(cfg: Config, run: Run) -> dict:
     return out
 
 
-def model_dir(run: Run, index: int) -> Path:
+def model_dir(run: Run, name: str) -> Path:
     """What vLLM opens: a checkpoint as is, or the random-init spec's config alone (the engine loads dummy weights)."""
     if not isinstance(run.source, ModelSpec):
         return Path(run.source)
-    out = run.out_dir / "model_init" / f"joiner{index}"
+    out = run.out_dir / "model_init" / name
     make_hf_config(run.source).save_pretrained(out)
     return out

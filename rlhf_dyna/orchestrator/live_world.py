@@ -30,18 +30,21 @@ class Membership:
     generation: int = 0  # worlds entered since launch: names the store prefix of the next one
     joiners_before: int = 0  # joiner processes of the events already done (the next join's first joiner index)
     entered_before: int | None = None  # a joiner: the step whose boundary it finished inside its entry
+    accepts_requests: bool = False  # elastic.accept_joins as resolved before spawn: look for elastic.join requests
+    requests_seen: int = 0  # rank 0: elastic.join requests admitted or refused so far
 
     @classmethod
     def of(cls, cfg: Config, store: dist.Store, sigterm: bool = True) -> Membership | None:
-        """The run's membership, or None where nothing can change it (no elastic.events, no leave_on_sigterm).
-        `store`: this process's client of the job's store (elastic.join_world.job_client_store)."""
+        """The run's membership, or None where nothing can change it (no elastic.events, no leave_on_sigterm, no
+        elastic.accept_joins). `store`: this process's client of the job's store (elastic.join_world)."""
         e = cfg.elastic
-        if not e.events and not e.leave_on_sigterm:
+        if not e.events and not e.leave_on_sigterm and not e.accept_joins:
             return None
         request = placement_request(cfg)
         return cls(make_placement(request), request.train, cfg.rollout.tp, global_batch(cfg), store,
                    parse_events(list(e.events), cfg.trainer.total_steps),
-                   LeaveOnSigterm().install() if e.leave_on_sigterm and sigterm else None)
+                   LeaveOnSigterm().install() if e.leave_on_sigterm and sigterm else None,
+                   accepts_requests=bool(e.accept_joins))
 
     def due_before(self, step: int) -> list[Event]:
         """The scripted changes after step - 1 (before `step`), in the order given."""

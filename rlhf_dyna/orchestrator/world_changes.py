@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from ..elastic.join_world import is_ready, joiner_name, refuse, requests_so_far
+from ..elastic.membership import MembershipError
 from ..vps.spec import describe_ranks
-from .join import admit_joiners
+from .join import admit_joiners, joined_world
 from .leave import change_world
 from .live_world import Membership
 
@@ -23,8 +25,36 @@ def changes_before_step(runtime, membership: Membership, step: int, first: int =
         if event.leaving:
             metrics.update(change_world(runtime, membership, event.leaving, event.name))
         else:
-            metrics.update(admit_joiners(runtime, membership, event.joining, step - 1, event.name))
+            first_joiner = membership.joiners_before
+            names = [joiner_name(k) for k in range(first_joiner, first_joiner + event.joining)]
+            metrics.update(admit_joiners(runtime, membership, names, step - 1, event.name))
     asked = membership.sigterm.agree() if membership.sigterm is not None else ()
     if asked:
         metrics.update(change_world(runtime, membership, asked, f"elastic/leave/{describe_ranks(asked)}@{step - 1}"))
+    requests = agreed_requests(membership) if membership.accepts_requests else []
+    if requests:
+        metrics.update(admit_joiners(runtime, membership, requests, step - 1,
+                                     f"elastic/join/+{len(requests)}@{step - 1}", scripted=False))
     return {**metrics, "elastic/world_size": float(dist.get_world_size())}
+
+
+def agreed_requests(membership: Membership) -> list[str]:
+    """Collective: the elastic.join=RUN_DIR processes prepared by now that the new world can take (rank 0 reads the
+    store and refuses, with a message to the process, those whose world the global batch does not split over)."""
+    box: list = [[]]
+    if dist.get_rank() == 0:
+        store, names = membership.store, []
+        for n in range(membership.requests_seen, requests_so_far(store)):  # in order: one still preparing waits
+            if not is_ready(store, f"request{n}"):
+                break
+            names.append(f"request{n}")
+        membership.requests_seen += len(names)
+        try:
+            box = [names if names and joined_world(membership, len(names)) else []]
+        except MembershipError as err:
+            why = f"{err} The job goes on with {dist.get_world_size()} ranks."
+            print(f"rlhf_dyna: join of {', '.join(names)} refused: {why}", flush=True)
+            for name in names:
+                refuse(store, name, why)
+    dist.broadcast_object_list(box, src=0)
+    return box[0] or []
