@@ -55,7 +55,7 @@ def joined(run_dir: Path, *args: str) -> list[dict]:
     assert change["elastic/join/wait_seconds"] < 1.0, "the joiner prepared during steps 1-6, so none should be waited"
     assert not any(k.startswith("elastic/join/") for r in rows if r["step"] != 7 for k in r)
     log = (run_dir / "logs" / "rank4.log").read_text()  # the joiner: launched as process 4, rank 3 of the new world
-    assert "joiner 0" in log and "prepared in" in log
+    assert "joiner0 (pid" in log and "prepared in" in log and "joiner0 joins after step 6 as rank 3 of 4" in log
     assert "elastic/join/+1@6: 1 rank joins (3 -> 4 ranks)" in (run_dir / "logs" / "rank0.log").read_text()
     return rows
 

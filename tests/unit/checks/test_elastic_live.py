@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_dyna.checks.elastic import LIVE, check_elastic
+from rlhf_dyna.checks.elastic import LIVE, check_elastic, join_refusal
 from rlhf_dyna.config import Config
 from rlhf_dyna.errors import ConfigError
 
@@ -65,3 +65,16 @@ def test_a_tensor_parallel_training_layout_may_lose_ranks_live():
 def test_whole_rollout_tp_groups_may_leave_live():
     cfg = config(["leave:2-3@2"], rollout__tp=2)
     check_elastic(cfg)
+
+
+def test_a_running_job_admits_join_requests_where_a_join_runs_live():
+    assert join_refusal(config([])) is None
+    assert "rollout.tp=2" in join_refusal(config([], rollout__tp=2))
+    assert "placement=lend" in join_refusal(config([], placement__policy="lend"))
+    assert "torchrun" in join_refusal(config([]), under_torchrun=True)
+    check_elastic(config([], elastic__accept_joins=True))
+    with pytest.raises(ConfigError, match="elastic.accept_joins=true: this run cannot admit joining processes live: "
+                                          "parallel.schedule"):
+        cfg = config([], elastic__accept_joins=True)
+        cfg.parallel.schedule = [{"step": 2, "tp": 2}]
+        check_elastic(cfg)
