@@ -53,9 +53,14 @@ def joiner_name(index: int) -> str:
     return f"joiner{index}"
 
 
+def request(n: int) -> str:
+    """The n-th elastic.join=RUN_DIR process of the job."""
+    return f"request{n}"
+
+
 def request_name(store: dist.Store) -> str:
     """A new name for an elastic.join=RUN_DIR process: the job's requests are counted on its store."""
-    return f"request{store.add(REQUESTS_KEY, 1) - 1}"
+    return request(store.add(REQUESTS_KEY, 1) - 1)
 
 
 def requests_so_far(store: dist.Store) -> int:

@@ -1,5 +1,6 @@
 """The changes of world at a step boundary, in order (placement=colocate; docs/elastic.md): the scripted events due
-(`leave:R@S`: orchestrator/leave.py; `join@S`: orchestrator/join.py), then the ranks that received SIGTERM.
+(`leave:R@S`: orchestrator/leave.py; `join@S`: orchestrator/join.py), then the ranks that received SIGTERM, then the
+`elastic.join=RUN_DIR` processes that have asked and are prepared (rank 0 reads the store; one broadcast).
 
 A joiner enters inside the boundary, at its own event (orchestrator/joiner.py): it then runs the rest of that
 boundary from the next event on (`first`), and its first step skips the boundary it has already been through."""
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from ..elastic.join_world import is_ready, joiner_name, refuse, requests_so_far
+from ..elastic.join_world import is_ready, joiner_name, refuse, request, requests_so_far
 from ..elastic.membership import MembershipError
 from ..vps.spec import describe_ranks
 from .join import admit_joiners, joined_world
@@ -45,9 +46,9 @@ def agreed_requests(membership: Membership) -> list[str]:
     if dist.get_rank() == 0:
         store, names = membership.store, []
         for n in range(membership.requests_seen, requests_so_far(store)):  # in order: one still preparing waits
-            if not is_ready(store, f"request{n}"):
+            if not is_ready(store, request(n)):
                 break
-            names.append(f"request{n}")
+            names.append(request(n))
         membership.requests_seen += len(names)
         try:
             box = [names if names and joined_world(membership, len(names)) else []]
