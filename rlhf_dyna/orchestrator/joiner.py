@@ -51,7 +51,7 @@ def run_joiner(cfg: Config, out_dir: Path, index: int | None) -> None:
     name = joiner_name(index) if index is not None else request_name(store)
     process = cfg.parallel.world_size + (index if index is not None else len(scripted) + int(name.removeprefix("request")))
     event = scripted[index][0] if index is not None else None
-    run = make_run(cfg, out_dir, joiner_dist_info(cfg, process, name, store))
+    run = make_run(cfg, out_dir, joiner_dist_info(cfg, process, name, store, index is not None))
     runtime = ColocateRuntime(run)
     runtime.prepare_to_join(membership, model_dir(run, name), process)
     models = skeletons(cfg, run)
@@ -81,16 +81,19 @@ def enter(runtime: ColocateRuntime, membership: Membership, admission: Admission
     runtime.begin()
 
 
-def joiner_dist_info(cfg: Config, process: int, name: str, store) -> DistInfo:
+def joiner_dist_info(cfg: Config, process: int, name: str, store, launched: bool) -> DistInfo:
     """A private world of one over the joiner's prefix of the job's store; `process`: its launch index (world_size
-    + k), which names its log and trace row until the new world gives it a rank."""
+    + k), which names its log and trace row until the new world gives it a rank. `launched`: started by the job's
+    launcher, it removes the run's /dev/shm segments at exit as the ranks do (a process that asked to join leaves them
+    to the job, which may go on without it)."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     os.environ.setdefault("LOCAL_RANK", str(process))  # vLLM's external launcher reads it (elastic.join sets none)
     chosen = rank_device(cfg.parallel.device, process, local_world, torch.cuda.device_count())
     device, backend, ident = use_device(chosen, cfg.trainer.tf32), world_backend(chosen.type), os.environ["VLLM_DIST_IDENT"]
     enter_private_world(store, name, backend)
     pin_vllm_shm_ident(ident)
-    atexit.register(clean_shm_segments, ident)
+    if launched:
+        atexit.register(clean_shm_segments, ident)
     return DistInfo(process, 1, process, local_world, 0, backend, device, ident)
 
 

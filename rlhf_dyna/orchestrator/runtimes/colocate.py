@@ -25,6 +25,7 @@ from ...transition.syncs import make_sync
 from ...transition.vps_mover import least_moving_layout, make_vps_mover
 from ..build import build_actor, write_initial_checkpoint
 from ..live_world import Membership
+from ..phases import rollouts
 from ..world_changes import changes_before_step
 from ..step import mean_over_world, reshard_metrics
 from .base import Runtime
@@ -62,6 +63,9 @@ class ColocateRuntime(Runtime):
         self.layout = cfg.parallel.train_layout(master_weights=cfg.model.dtype != "float32")
         self.schedule, self.membership, self.model_dir = cfg.parallel.layout_schedule(), membership, model_dir
         self.rollout = self.start_rollout(load_format="dummy")  # the first weight sync fills every weight
+        # vLLM's first generate pays one-off costs (kernels, buffers): here, in the background, not in the new world
+        run = self.run
+        rollouts(cfg, self.rollout, run.task, run.tokenizer, run.task.eval_set(), RolloutLayout(1), 0, seed=0)
         self.rank = process
         self.recorder = self._recorder(WEIGHT_SYNC)
 
