@@ -55,8 +55,13 @@ def run_requested_join(cfg: Config, run_dir: Path) -> int:
 
     try:
         run_joiner(cfg, run_dir, None)
-    except (NotAdmitted, dist.DistStoreError) as err:
+    except NotAdmitted as err:
         print(f"rlhf_dyna: error: elastic.join={run_dir}: not admitted: {err}", file=sys.stderr)
+        return 1
+    except dist.DistError as err:  # the job's store, which the private world uses too, went away while preparing
+        print(f"rlhf_dyna: error: elastic.join={run_dir}: not admitted: the job's store stopped answering while this "
+              f"process prepared ({str(err).splitlines()[0]}): the job has ended. Join a job that is still running.",
+              file=sys.stderr)
         return 1
     finally:
         shutdown_distributed()

@@ -137,5 +137,6 @@ def wait_admission(store: dist.Store, name: str) -> Admission:
             if store.check([JOB_DONE_KEY]):
                 raise NotAdmitted("the job finished before a step boundary admitted this process")
         except (RuntimeError, dist.DistStoreError) as err:  # the store's server (rank 0) is gone: the job has ended
-            raise NotAdmitted(f"the job ended before a step boundary admitted this process ({err})") from err
+            why = str(err).splitlines()[0] if str(err) else type(err).__name__  # torch appends its C++ stack
+            raise NotAdmitted(f"the job ended before a step boundary admitted this process ({why})") from err
         time.sleep(POLL_S)

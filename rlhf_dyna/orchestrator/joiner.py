@@ -23,8 +23,8 @@ import torch
 
 from ..config import Config
 from ..elastic.events import Event, joiner_slots
-from ..elastic.join_world import (Admission, announce_ready, enter_private_world, job_client_store, joiner_name,
-                                  request_name, wait_admission)
+from ..elastic.join_world import (Admission, NotAdmitted, announce_ready, enter_private_world, job_client_store,
+                                  joiner_name, request_name, wait_admission)
 from ..elastic.sigterm import LeaveOnSigterm
 from ..launch import DistInfo
 from ..launch.devices import rank_device, world_backend
@@ -59,7 +59,11 @@ def run_joiner(cfg: Config, out_dir: Path, index: int | None) -> None:
     announce_ready(store, name, built)
     print(f"rlhf_dyna: {name} (pid {os.getpid()}) prepared in {built:.2f} s; waiting for "
           f"{event.text if event is not None else 'the next step boundary'}", flush=True)
-    admission = wait_admission(store, name)
+    try:
+        admission = wait_admission(store, name)
+    except NotAdmitted:
+        runtime.close(failed=False)  # vLLM's own shutdown in the private world, before that world goes at exit
+        raise
     run.start_step = admission.step
     print(f"rlhf_dyna: {name} joins after step {admission.step} as rank {admission.rank} of {admission.world_size}",
           flush=True)

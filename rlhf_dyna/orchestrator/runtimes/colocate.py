@@ -64,8 +64,8 @@ class ColocateRuntime(Runtime):
         self.schedule, self.membership, self.model_dir = cfg.parallel.layout_schedule(), membership, model_dir
         self.rollout = self.start_rollout(load_format="dummy")  # the first weight sync fills every weight
         # vLLM's first generate pays one-off costs (kernels, buffers): here, in the background, not in the new world
-        run = self.run
-        rollouts(cfg, self.rollout, run.task, run.tokenizer, run.task.eval_set(), RolloutLayout(1), 0, seed=0)
+        run, share = self.run, max(1, cfg.task.prompts_per_step // cfg.parallel.world_size)  # about a replica's prompts
+        rollouts(cfg, self.rollout, run.task, run.tokenizer, run.task.eval_set()[:share], RolloutLayout(1), 0, seed=0)
         self.rank = process
         self.recorder = self._recorder(WEIGHT_SYNC)
 
