@@ -208,6 +208,9 @@ class ElasticConfig:
     events: list[str] = field(default_factory=list)  # scripted changes: leave:R@S, leave:A-B@S, join@S, join:N@S
     join: Optional[str] = None  # RUN_DIR of a running job this process asks to join
     leave_on_sigterm: bool = False  # a rank that receives SIGTERM leaves at the next step boundary (colocate)
+    # admit elastic.join=RUN_DIR processes at step boundaries: true | false | null (auto: where the run can take a
+    # join live; job.py resolves it before spawn, checks/elastic.join_refusal says why not)
+    accept_joins: Optional[bool] = None
 
 
 @dataclass

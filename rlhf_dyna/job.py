@@ -10,9 +10,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import launch
 from .checks import ConfigError, check_config
+from .checks.elastic import join_refusal
 from .checks.resources import wants_cuda
-from .config import RESOLVED_CONFIG, to_config
+from .config import RESOLVED_CONFIG, load_config, to_config
+from .elastic.events import joiner_slots, parse_events
 from .models.checkpoint_fields import resolve_model
+from .launch.join_file import running_job
 from .orchestrator.checkpoint_dirs import CheckpointError, resolve_trainer_resume
 
 # vLLM logs every engine detail at INFO; wandb advertises its products: keep the per-step lines readable.
@@ -24,8 +27,25 @@ RANK_PRELOAD = ("rlhf_dyna.orchestrator.loop", "vllm.entrypoints.llm", "rlhf_dyn
                 "vllm.model_executor.model_loader")
 
 
+def join_running_job(run_dir: str) -> int:
+    """`elastic.join=RUN_DIR`: this process joins the job running there, with its config (orchestrator/joiner.py)."""
+    try:
+        job = running_job(run_dir)
+    except launch.LaunchError as err:
+        print(f"rlhf_dyna: error: {err}", file=sys.stderr)
+        return 2
+    os.environ.update(MASTER_ADDR=job.host, MASTER_PORT=str(job.port), VLLM_DIST_IDENT=job.run_ident,
+                      VLLM_ENABLE_V1_MULTIPROCESSING="0", **QUIET_ENV)
+    print(f"rlhf_dyna: joining the job in {run_dir} (launched with {job.world_size} ranks); preparing...", flush=True)
+    from .worker import run_requested_join  # torch, vLLM and the loop: a refused request need not import them
+
+    return run_requested_join(load_config(Path(job.config)), Path(run_dir))
+
+
 def run_job(dcfg: DictConfig) -> int:
     cfg = to_config(dcfg)
+    if cfg.elastic.join is not None:  # the running job's config, not this command line's, says what to run
+        return join_running_job(cfg.elastic.join)
     cfg.recipe = HydraConfig.get().runtime.choices.get("recipe", cfg.recipe)
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     torchrun = launch.under_torchrun()
@@ -38,8 +58,11 @@ def run_job(dcfg: DictConfig) -> int:
             run_dry_run(cfg, out_dir)
             return 0
         cfg.trainer.resume = resolve_trainer_resume(cfg.trainer, out_dir)  # a bad one fails here, not in the ranks
+        joiners = len(joiner_slots(parse_events(list(cfg.elastic.events), cfg.trainer.total_steps)))
+        if cfg.elastic.accept_joins is None:  # auto: where the run can take a join live
+            cfg.elastic.accept_joins = join_refusal(cfg, torchrun) is None
         if not torchrun:
-            launch.check_capacity(cfg.parallel.world_size, "cuda" if wants_cuda(cfg) else "cpu")
+            launch.check_capacity(cfg.parallel.world_size + joiners, "cuda" if wants_cuda(cfg) else "cpu")
     except (ConfigError, launch.LaunchError, CheckpointError) as err:
         print(f"rlhf_dyna: error: {err}", file=sys.stderr)
         return 2
@@ -49,6 +72,9 @@ def run_job(dcfg: DictConfig) -> int:
 
         run_rank(cfg, out_dir)
         return 0
-    print(f"rlhf_dyna: recipe {cfg.recipe}, {cfg.parallel.world_size} local ranks, output in {out_dir}", flush=True)
+    joining = f" (+{joiners} joining later)" if joiners else ""
+    print(f"rlhf_dyna: recipe {cfg.recipe}, {cfg.parallel.world_size} local ranks{joining}, output in {out_dir}",
+          flush=True)
     return launch.spawn_ranks(cfg.parallel.world_size, "rlhf_dyna.worker", [str(out_dir)], run_dir=out_dir, env=QUIET_ENV,
-                              preload=RANK_PRELOAD, console=cfg.tracking.console)
+                              preload=RANK_PRELOAD, console=cfg.tracking.console, joiners=joiners,
+                              join_config=out_dir / RESOLVED_CONFIG if cfg.elastic.accept_joins else None)

@@ -1,6 +1,7 @@
 """Body of one rank: `python -m rlhf_dyna.worker OUTPUT_DIR` (spawned) or called under torchrun."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -8,7 +9,9 @@ import torch.distributed as dist
 
 from .config import RESOLVED_CONFIG, Config, load_config
 from .launch import init_distributed, record_failure, route_rank_output, shutdown_distributed
+from .elastic.join_world import NotAdmitted
 from .launch.fork import exit_now
+from .launch.spawn import JOINER_ENV
 
 
 def shared_output_dir(out_dir: Path) -> Path:
@@ -33,9 +36,48 @@ def run_rank(cfg: Config, out_dir: Path) -> None:
         shutdown_distributed()
 
 
+def run_joiner_process(cfg: Config, out_dir: Path, index: int) -> None:
+    """Joiner process `index` (elastic.events join@S): it enters the world at its boundary (orchestrator/joiner.py)."""
+    from .orchestrator.joiner import run_joiner  # as in run_rank: vLLM's import notices go to the process's log
+
+    try:
+        run_joiner(cfg, out_dir, index)
+    except Exception as err:
+        record_failure(err, cfg.parallel.world_size + index)
+        raise
+    finally:
+        shutdown_distributed()
+
+
+def run_requested_join(cfg: Config, run_dir: Path) -> int:
+    """elastic.join=RUN_DIR, in the process the command started: join the job running in run_dir with its config;
+    the exit code (1 with one paragraph when the job refused this process or ended before admitting it)."""
+    from .orchestrator.joiner import run_joiner  # as in run_rank: torch, vLLM and the loop on first use
+
+    try:
+        run_joiner(cfg, run_dir, None)
+    except NotAdmitted as err:
+        print(f"rlhf_dyna: error: elastic.join={run_dir}: not admitted: {err}", file=sys.stderr)
+        return 1
+    except dist.DistError as err:  # the job's store, which the private world uses too, went away while preparing
+        print(f"rlhf_dyna: error: elastic.join={run_dir}: not admitted: the job's store stopped answering while this "
+              f"process prepared ({str(err).splitlines()[0]}): the job has ended. Join a job that is still running.",
+              file=sys.stderr)
+        return 1
+    finally:
+        shutdown_distributed()
+    print(f"rlhf_dyna: the job in {run_dir} finished; this process trained with it to the end", flush=True)
+    return 0
+
+
 def main() -> None:
     out_dir = Path(sys.argv[1])
-    run_rank(load_config(out_dir / RESOLVED_CONFIG), out_dir)
+    cfg = load_config(out_dir / RESOLVED_CONFIG)
+    joiner = os.environ.get(JOINER_ENV)
+    if joiner is not None:
+        run_joiner_process(cfg, out_dir, int(joiner))
+    else:
+        run_rank(cfg, out_dir)
     exit_now(0)  # the engines go with the process (VLLMRollout.close_for_exit): no teardown that would stop them
 
 

@@ -1,5 +1,5 @@
-"""A rank leaving a live run against the checkpoint-and-restart path, in one script, on 4 -> 3 local gloo ranks (the
-tiny GRPO recipe, placement=colocate, fp32).
+"""A rank leaving and a rank joining a live run against the checkpoint-and-restart path, in one script, on 4 -> 3 and
+3 -> 4 local gloo ranks (the tiny GRPO recipe, placement=colocate, fp32).
 
 - leave: `elastic.events=[leave:3@2]`; from the step boundary to the first step in the new world is the change's
   `elastic/leave/seconds` (its breakdown: the move over the old world, the new world's group / mesh / engines, the
@@ -7,6 +7,10 @@ tiny GRPO recipe, placement=colocate, fp32).
 - restart: the same run checkpointed after step 2 (`trainer.save_every=2`), then relaunched on 3 ranks with
   `trainer.resume` at that checkpoint; from the launch to step 3's metrics row (imports, vLLM start-up, the checkpoint
   load, step 3). The save itself is not counted (in the restart path's favour).
+- join: `parallel.world_size=3 elastic.events=[join@2]`; from the step boundary to the first step in the new world is
+  the change's `elastic/join/seconds` (its breakdown: the wait for the joiner, which prepared in the background during
+  steps 1-2 (`build_seconds`, not on the path), the new world's group, the move, vLLM re-formed and synced) plus step
+  3's `timing_s/step`; against a 3-rank run checkpointed after step 2 and relaunched on 4 ranks with `trainer.resume`.
 
     python scripts/bench_elastic.py --out docs/bench/bench_elastic.json
 """
@@ -29,6 +33,8 @@ RUN = [  # 12 prompts x 4 samples: 48 rows split over dp 4 and 3, the prompts ov
     "trainer.export_policy=false", "tracking.wandb_mode=disabled", "trainer.total_steps=4",
 ]
 BREAKDOWN = ("move_seconds", "build_seconds", "rollout_seconds")
+JOIN_BREAKDOWN = ("build_seconds", "wait_seconds", "world_seconds", "move_seconds", "rollout_seconds")
+THREE = ["trainer.sft_batch_size=12"]  # the warm-up's batch splits over 3 ranks too (only the join's runs start with 3)
 
 
 def app(run_dir: Path, *args: str) -> subprocess.Popen:
@@ -58,11 +64,22 @@ def leave_path(tmp: Path) -> dict:
     return out
 
 
-def restart_path(tmp: Path) -> dict:
-    first, second = tmp / "before", tmp / "after"
-    finish(app(first, "parallel.world_size=4", "trainer.save_every=2", "trainer.total_steps=2"))
+def join_path(tmp: Path) -> dict:
+    run_dir = tmp / "join"
+    finish(app(run_dir, *THREE, "parallel.world_size=3", "elastic.events=[join@2]"))
+    step3 = rows(run_dir)[3]
+    out = {key: step3[f"elastic/join/{key}"] for key in ("seconds", *JOIN_BREAKDOWN, "bytes_moved", "rounds")}
+    out["first_step_seconds"] = step3["timing_s/step"]
+    out["boundary_to_first_step_seconds"] = out["seconds"] + out["first_step_seconds"]
+    out["world_size"] = [r.get("elastic/world_size") for r in rows(run_dir)[1:]]
+    return out
+
+
+def restart_path(tmp: Path, before: int = 4, after: int = 3, *extra: str) -> dict:
+    first, second = tmp / f"before{before}", tmp / f"after{after}"
+    finish(app(first, *extra, f"parallel.world_size={before}", "trainer.save_every=2", "trainer.total_steps=2"))
     started = time.perf_counter()
-    proc = app(second, "parallel.world_size=3", f"trainer.resume={first / 'checkpoints' / 'step_2'}")
+    proc = app(second, *extra, f"parallel.world_size={after}", f"trainer.resume={first / 'checkpoints' / 'step_2'}")
     while not any(r["step"] == 3 for r in rows(second)):
         if proc.poll() is not None:
             break
@@ -82,14 +99,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_elastic_") as tmp:
         leave = leave_path(Path(tmp))
         restart = restart_path(Path(tmp))
+        join = join_path(Path(tmp))
+        join_restart = restart_path(Path(tmp), 3, 4, *THREE)
     ratio = leave["boundary_to_first_step_seconds"] / restart["launch_to_first_step_seconds"]
+    join_ratio = join["boundary_to_first_step_seconds"] / join_restart["launch_to_first_step_seconds"]
     result = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": f"{os.cpu_count()} CPU cores",
               "load_average_at_start": [round(x, 1) for x in load], "change": "rank 3 of 4 leaves after step 2",
-              "leave": leave, "restart": restart, "leave_over_restart": ratio}
+              "leave": leave, "restart": restart, "leave_over_restart": ratio,
+              "join_change": "1 rank joins 3 after step 2", "join": join, "join_restart": join_restart,
+              "join_over_restart": join_ratio}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"leave: {leave['boundary_to_first_step_seconds']:.2f} s from the boundary to step 3 done ("
           + ", ".join(f"{k} {leave[k]:.2f}" for k in BREAKDOWN) + f", step {leave['first_step_seconds']:.2f}); "
           f"restart: {restart['launch_to_first_step_seconds']:.2f} s; ratio {ratio:.2f}")
+    print(f"join: {join['boundary_to_first_step_seconds']:.2f} s from the boundary to step 3 done ("
+          + ", ".join(f"{k} {join[k]:.2f}" for k in JOIN_BREAKDOWN) + f", step {join['first_step_seconds']:.2f}; "
+          f"build_seconds was paid in the background); restart 3 -> 4: "
+          f"{join_restart['launch_to_first_step_seconds']:.2f} s; ratio {join_ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ def check_config(cfg: Config, under_torchrun: bool = False) -> None:
     check_algorithm(cfg)
     check_layouts(cfg)
     check_placement_config(cfg)
-    check_elastic(cfg)
+    check_elastic(cfg, under_torchrun)
     if cfg.dry_run:
         return
     check_gpu(cfg, under_torchrun)

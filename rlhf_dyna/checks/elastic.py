@@ -10,13 +10,14 @@ from ..orchestrator.membership import membership_worlds
 from ..orchestrator.placements import scores_with_reward_model
 from ..errors import ConfigError
 
-LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM) under placement=colocate with a "
-        "training layout of dp and tp (parallel.train pp, cp, ep = 1), no parallel.schedule, no reward model, no "
-        f"trainer.resume, rank {STORE_HOST_RANK} staying (it serves the job's store), and rollout.tp consecutive ranks "
-        "(or a multiple) leaving at a time")
+LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM), and join@S and join:N@S, under "
+        "placement=colocate with a training layout of dp and tp (parallel.train pp, cp, ep = 1), no parallel.schedule, "
+        f"no reward model, no trainer.resume, rank {STORE_HOST_RANK} staying (it serves the job's store), rollout.tp "
+        "consecutive ranks (or a multiple) leaving at a time, and rollout.tp=1 for joins, launched by python -m "
+        "rlhf_dyna (not torchrun: its launcher starts the joining processes)")
 
 
-def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]]) -> list[str]:
+def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torchrun: bool = False) -> list[str]:
     """What of a run with these changes (each event with the world after it) a live run cannot execute yet
     (docs/elastic.md); [] = it can."""
     t, problems = cfg.parallel.train, []
@@ -30,25 +31,39 @@ def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]]) -> list[str
         problems.append("a reward model" if cfg.algorithm.name != "reward_model" else "algorithm=reward_model")
     if cfg.trainer.resume:
         problems.append(f"trainer.resume={cfg.trainer.resume}")
-    problems += [f"{event.text} (joins are not built)" for event, _ in worlds if event.joining]
+    joins = [event.text for event, _ in worlds if event.joining]
+    if joins and cfg.rollout.tp != 1:
+        problems.append(f"{', '.join(joins)} with rollout.tp={cfg.rollout.tp} (a joiner's vLLM engine starts as a "
+                        "replica of its own, rollout.tp=1)")
+    if joins and under_torchrun:
+        problems.append(f"{', '.join(joins)} under torchrun (python -m rlhf_dyna's launcher starts the joiners)")
     problems += [f"{event.text} ({why})" for event, world in worlds
                  if event.leaving and (why := live_refusal(world.change, cfg.rollout.tp, world.rollout_tp))]
     return problems
 
 
-def check_elastic(cfg: Config) -> None:
+def join_refusal(cfg: Config, under_torchrun: bool = False) -> str | None:
+    """Why a running job of this config cannot admit elastic.join=RUN_DIR processes live, or None."""
+    problems = live_problems(cfg, [], under_torchrun)
+    if cfg.rollout.tp != 1:
+        problems.append(f"rollout.tp={cfg.rollout.tp} (a joiner's vLLM engine starts as a replica of its own)")
+    if under_torchrun:
+        problems.append("torchrun (elastic.join needs the job store of python -m rlhf_dyna's launcher)")
+    return "; ".join(problems) or None
+
+
+def check_elastic(cfg: Config, under_torchrun: bool = False) -> None:
     e = cfg.elastic
-    if e.join is not None:
-        raise ConfigError(
-            f"elastic.join={e.join}: joining a running job is not built yet (docs/elastic.md says what is); start the "
-            "job with the world it needs, or plan changes of world with dry_run=true elastic.events=[...].")
+    if e.accept_joins and not cfg.dry_run and (why := join_refusal(cfg, under_torchrun)):
+        raise ConfigError(f"elastic.accept_joins=true: this run cannot admit joining processes live: {why}. For now "
+                          f"{LIVE}. Set elastic.accept_joins=null (admit them where the run can) or false.")
     if not e.events and not e.leave_on_sigterm:
         return
     try:
         worlds = membership_worlds(cfg) if e.events else []
     except EventError as err:
         raise ConfigError(str(err)) from err
-    problems = [] if cfg.dry_run else live_problems(cfg, worlds)
+    problems = [] if cfg.dry_run else live_problems(cfg, worlds, under_torchrun)
     if problems:
         asked = [f"elastic.events={list(e.events)}"] if e.events else []
         asked += ["elastic.leave_on_sigterm=true"] if e.leave_on_sigterm else []

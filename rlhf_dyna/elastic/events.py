@@ -95,5 +95,11 @@ def follow(events: list[Event], placement: Placement, layout: ParallelLayout, ro
     return out
 
 
+def joiner_slots(events: list[Event]) -> list[tuple[Event, int]]:
+    """Joiner process k of a run (the launcher starts one per joining rank) -> (its event, its place among that
+    event's joiners), in the order `parse_events` gives."""
+    return [(e, i) for e in events for i in range(e.joining)]
+
+
 def after(done: list[tuple[Event, NewWorld]]) -> str:
     return f" after {', '.join(e.text for e, _ in done)}" if done else ""

@@ -1,11 +1,11 @@
-"""The survivors' world after ranks leave (live part): the new default process group over a fresh prefix of the job's
-store once the old world is gone (the state moves first, into a mesh over the survivors inside the old world:
-`train.mesh.build_mesh(layout, survivors)`).
+"""A new world after ranks leave or join (live part): the new default process group over a fresh prefix of the job's
+store once the old world is gone (a leave moves the state first, into a mesh over the survivors inside the old world:
+`train.mesh.build_mesh(layout, survivors)`; a join after, over the new world).
 
-    store = job_store()                                   # before the old world goes: the job's TCPStore
+    store = job_client_store()                            # elastic.join_world: this process's client of the job's store
     mesh = build_mesh(layout, survivors)                  # every rank of the old world calls it, members or not
     ... the state moves by VPS plan over the old world into engines on `mesh`; the old world is destroyed ...
-    enter_new_world(store, generation=1, rank=new_rank, world_size=3)   # survivors only
+    enter_new_world(store, generation=1, rank=new_rank, world_size=3, backend="gloo")   # survivors only
 
 gloo cannot shrink a group (`dist.shrink_group` refuses it: docs/elastic.md), so the new world is a new default group
 over `PrefixStore("rlhf_dyna/world<generation>", store)`. The store's server lives in rank 0's process (the launcher's
@@ -19,11 +19,6 @@ import torch.distributed as dist
 from torch.distributed.tensor import _redistribute
 from torch.distributed.tensor._collective_utils import MeshTopoInfo
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-
-
-def job_store() -> dist.Store:
-    """The default group's store: hold it before the old world is destroyed, so the new world can rendezvous on it."""
-    return dist.distributed_c10d._get_default_store()
 
 
 def enter_new_world(store: dist.Store, generation: int, rank: int, world_size: int, backend: str) -> None:

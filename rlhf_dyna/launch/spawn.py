@@ -22,9 +22,11 @@ from .devices import cuda_initialised, forks_ranks
 from .failure import ERROR_FILE_ENV, RankFailure, error_file, first_failure, read_failure
 from .fork import ForkedRank, fork_rank, preload as preload_modules
 from .host import check_capacity, free_port, new_run_ident, usable_cores, visible_gpu_count
+from .join_file import RunningJob, mark_finished, write_join_file
 from .output import LAUNCHER_LOG, ROUTED_ENV, log_dir, output_to, pump, rank_log
 from .shm import SHM_DIR, clean_shm_segments
 
+JOINER_ENV = "RLHF_DYNA_JOINER"  # set in joiner process k (elastic.events join@S): it enters the world later
 TERMINATE_GRACE_S = 5.0
 ERROR_TAIL_LINES = 40
 _POLL_S = 0.05
@@ -163,6 +165,8 @@ def spawn_ranks(
     grace_s: float = TERMINATE_GRACE_S,
     preload: Sequence[str] = (),
     console: str = "progress",
+    joiners: int = 0,
+    join_config: Path | None = None,
 ) -> int:
     """Run `python -m entry *args` (or `python entry *args` for a .py path) as `world_size` local
     ranks and supervise them; returns the exit code for the launcher (0, the failing rank's
@@ -170,9 +174,14 @@ def spawn_ranks(
     what `console` (a tracking.console mode) picks of rank 0's (tracking/console_view.py). With `preload` (module
     names; `entry` must be a module), this process imports those modules once and forks the ranks from itself
     (launch/fork.py) instead of starting interpreters, unless a GPU is visible or this process has initialised CUDA
-    (launch/devices.py): then every rank is a fresh interpreter whatever `preload` says."""
+    (launch/devices.py): then every rank is a fresh interpreter whatever `preload` says. `joiners`: processes started
+    beside the world (elastic.events join@S) with JOINER_ENV set to 0, 1, ...; they prepare, wait for their step
+    boundary and enter the world then (orchestrator/joiner.py); joiner k's log is rank{world_size + k}.log.
+    `join_config`: the job admits `elastic.join=RUN_DIR` processes, which run with this resolved config: run_dir/join.json
+    says where the job's store is while the ranks run (launch/join_file.py)."""
     gpus = visible_gpu_count()
-    check_capacity(world_size, "cuda" if gpus else "cpu")
+    processes = world_size + joiners
+    check_capacity(processes, "cuda" if gpus else "cpu")
     run_dir = Path(run_dir)
     log_dir(run_dir).mkdir(parents=True, exist_ok=True)
     run_ident = new_run_ident()
@@ -181,7 +190,7 @@ def spawn_ranks(
     if preload and entry.endswith(".py"):
         raise ValueError(f"spawn_ranks: preload forks the ranks and runs a module; got the script {entry}")
     fork = bool(preload) and forks_ranks(gpus, cuda_initialised())
-    for rank in range(world_size):  # a run dir reused (resume) must not show an earlier run's failure
+    for rank in range(processes):  # a run dir reused (resume) must not show an earlier run's failure
         error_file(run_dir, rank).unlink(missing_ok=True)
     view = ConsoleView(console)
     try:
@@ -198,13 +207,17 @@ def spawn_ranks(
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous_handlers[sig] = signal.signal(sig, lambda signum, frame: stop_signal.append(signum))
 
+    if join_config is not None:
+        write_join_file(run_dir, RunningJob("127.0.0.1", port, run_ident, os.getpid(), world_size, str(join_config)))
     procs: list[Rank] = []
     pumps: list[threading.Thread] = []
     exits: queue.Queue[tuple[int, float]] = queue.Queue()  # (rank, when) in the order they exited
     failed_rank: int | None = None
     try:
-        for rank in range(world_size):  # every rank starts before any thread of ours does: forking stays safe
+        for rank in range(processes):  # every rank starts before any thread of ours does: forking stays safe
             rank_env = {**_rank_env(rank, world_size, port, run_ident, env), **_output_env(run_dir, rank)}
+            if rank >= world_size:
+                rank_env[JOINER_ENV] = str(rank - world_size)
             if fork:
                 procs.append(fork_rank(entry, args, rank_env, close_fds=[p.stdout.fileno() for p in procs]))
             else:
@@ -222,7 +235,7 @@ def spawn_ranks(
         view.start()  # the live display's thread starts after the forks, as ours do
 
         finished, exit_time = 0, 0.0
-        while not stop_signal and failed_rank is None and finished < world_size:
+        while not stop_signal and failed_rank is None and finished < processes:
             try:
                 rank, when = exits.get(timeout=_POLL_S)
             except queue.Empty:
@@ -237,6 +250,8 @@ def spawn_ranks(
             pump_thread.join(timeout=grace_s)
         clean_shm_segments(run_ident, sorted(stale))
     finally:
+        if join_config is not None:
+            mark_finished(run_dir)
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
         if any(p.poll() is None for p in procs):  # an exception of our own above: leave nothing behind
@@ -251,6 +266,6 @@ def spawn_ranks(
         return 128 + stop_signal[0]
     if failed_rank is not None:
         code = _exit_code(procs[failed_rank].returncode)
-        _report_failure(failed_rank, code, exit_time, world_size, run_dir)
+        _report_failure(failed_rank, code, exit_time, processes, run_dir)
         return code
     return 0

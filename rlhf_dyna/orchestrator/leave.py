@@ -16,24 +16,11 @@ from __future__ import annotations
 
 import atexit
 import time
-from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from ..config import Config
-from ..elastic.events import Event, parse_events
-from ..elastic.membership import (
-    GlobalBatch,
-    MembershipError,
-    NewWorld,
-    WorldChange,
-    live_refusal,
-    world_after,
-)
-from ..elastic.placement import Placement
-from ..elastic.policies import make_placement
-from ..elastic.sigterm import LeaveOnSigterm
-from ..elastic.world_switch import enter_new_world, job_store
+from ..elastic.membership import MembershipError, NewWorld, WorldChange, live_refusal, world_after
+from ..elastic.world_switch import enter_new_world
 from ..launch.shm import clean_shm_segments
 from ..parallel_layout import ParallelLayout
 from ..rollout.reform import reform, release_groups
@@ -41,42 +28,11 @@ from ..train.mesh import build_mesh
 from ..transition.bind_train import train_spec
 from ..transition.relayout import bind_train_state, empty_engine_like, meta_skeleton
 from ..transition.role_move import copy_state_locally, move_role_state, role_catalog
-from ..vps.spec import describe_ranks
-from .membership import global_batch
-from .placements import placement_request
+from .live_world import Membership
 
 
 class LeftWorld(Exception):
     """Raised on a rank that has left the job at a membership change: its state lives on the survivors now."""
-
-
-@dataclass
-class Membership:
-    """The run's world as it changes: its placement, the preferred layout and rollout tp, the scripted leaves."""
-
-    placement: Placement
-    preferred: ParallelLayout  # the configured training layout, dp unresolved: each world prefers it
-    rollout_tp: int
-    batch: GlobalBatch
-    leaves: list[Event] = field(default_factory=list)
-    sigterm: LeaveOnSigterm | None = None  # elastic.leave_on_sigterm: SIGTERM asks this rank to leave
-    generation: int = 0  # worlds entered since launch: names the store prefix of the next one
-
-    @classmethod
-    def of(cls, cfg: Config) -> Membership | None:
-        """The run's membership, or None where nothing can change it (no elastic.events, no leave_on_sigterm)."""
-        e = cfg.elastic
-        if not e.events and not e.leave_on_sigterm:
-            return None
-        request = placement_request(cfg)
-        events = parse_events(list(e.events), cfg.trainer.total_steps)
-        return cls(make_placement(request), request.train, cfg.rollout.tp, global_batch(cfg),
-                   [event for event in events if event.leaving],
-                   LeaveOnSigterm().install() if e.leave_on_sigterm else None)
-
-    def due_before(self, step: int) -> list[Event]:
-        """The scripted leaves after step - 1 (before `step`), in the order given."""
-        return [e for e in self.leaves if e.step == step - 1]
 
 
 def planned_world(membership: Membership, leaving: tuple[int, ...], name: str) -> NewWorld | None:
@@ -128,7 +84,7 @@ def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name
     if new is None:
         return {}
     layout = new.layout.fill(new.change.new_world_size)
-    store, backend = job_store(), dist.get_backend()
+    store, backend = membership.store, dist.get_backend()
     staged, moved, rounds = send_state(runtime, new, layout, name)
     moved_at = time.perf_counter()
     release_groups()  # vLLM's groups and the old default group; the engines stay
@@ -155,15 +111,3 @@ def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name
             "elastic/leave/rounds": float(rounds), "elastic/leave/move_seconds": moved_at - started,
             "elastic/leave/build_seconds": built_at - released_at,
             "elastic/leave/rollout_seconds": released_at - moved_at + done - built_at}
-
-
-def leave_before_step(runtime, membership: Membership, step: int) -> dict[str, float]:
-    """Every change due before `step`, one after another (the scripted ones, then the ranks that received SIGTERM);
-    elastic/world_size and each change's metrics."""
-    metrics: dict[str, float] = {}
-    for event in membership.due_before(step):
-        metrics.update(change_world(runtime, membership, event.leaving, event.name))
-    asked = membership.sigterm.agree() if membership.sigterm is not None else ()
-    if asked:
-        metrics.update(change_world(runtime, membership, asked, f"elastic/leave/{describe_ranks(asked)}@{step - 1}"))
-    return {**metrics, "elastic/world_size": float(dist.get_world_size())}

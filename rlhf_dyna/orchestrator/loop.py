@@ -6,6 +6,7 @@ Every call below is collective: every rank makes it, whatever it holds.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..config import Config
@@ -24,26 +25,42 @@ def run_training(cfg: Config, out_dir: Path, dist_info: DistInfo) -> None:
     if cfg.algorithm.name == "reward_model":  # no generation: preference pairs in, a sequence classifier out
         return run_reward_training(cfg, out_dir, dist_info)
     run = make_run(cfg, out_dir, dist_info)
-    name = runtime_name(cfg.placement)
+    runtime = make_runtime(run)
+    run_steps(run, runtime, lambda: set_up(run, runtime))
+
+
+def make_runtime(run: Run) -> Runtime:
+    name = runtime_name(run.cfg.placement)
     if name not in RUNTIMES:
         raise ValueError(f"placement={name} has no runtime to run it live (it can be planned with dry_run=true); "
                          f"runtimes: {', '.join(RUNTIMES)} (orchestrator/runtimes)")
-    runtime = RUNTIMES[name](run)
-    failed = True
+    return RUNTIMES[name](run)
+
+
+def set_up(run: Run, runtime: Runtime) -> None:
+    """A rank of the launched world: its engines, the warm-up, the other roles, a resumed state; step 0's metrics."""
+    cfg = run.cfg
+    runtime.start()  # the actor and the rollout engine(s) on their ranks, holding the initial weights
+    run.open_tracker()
+    warmup = runtime.warm_up() if cfg.trainer.sft_warmup_steps > 0 and run.resume_from is None else {}
+    runtime.build_roles()  # the reference copies the warmed-up actor; PPO's critic
+    if run.resume_from is not None:  # DCP reshards into this run's layout
+        state = runtime.restore(run.resume_from)
+        run.start_step, run.rng = state.step, state.loop_rng
+        if state.kl_coef is not None:  # the adaptive controller's coefficient has moved since kl_coef
+            run.kl_ctl.value = state.kl_coef
+    runtime.sync_weights()  # the engines generate with the (warmed-up or resumed) actor's weights
+    runtime.begin()
+    if run.start_step == 0:
+        run.log(0, {**warmup, **runtime.evaluate()})
+
+
+def run_steps(run: Run, runtime: Runtime, set_up: Callable[[], None]) -> None:
+    """`set_up` (a launched rank's, or a joiner's entry into the world), then the steps after run.start_step, the
+    export and the run's trace; the engines stopped at the end, failed or not."""
+    cfg, failed = run.cfg, True
     try:
-        runtime.start()  # the actor and the rollout engine(s) on their ranks, holding the initial weights
-        run.open_tracker()
-        warmup = runtime.warm_up() if cfg.trainer.sft_warmup_steps > 0 and run.resume_from is None else {}
-        runtime.build_roles()  # the reference copies the warmed-up actor; PPO's critic
-        if run.resume_from is not None:  # DCP reshards into this run's layout
-            state = runtime.restore(run.resume_from)
-            run.start_step, run.rng = state.step, state.loop_rng
-            if state.kl_coef is not None:  # the adaptive controller's coefficient has moved since kl_coef
-                run.kl_ctl.value = state.kl_coef
-        runtime.sync_weights()  # the engines generate with the (warmed-up or resumed) actor's weights
-        runtime.begin()
-        if run.start_step == 0:
-            run.log(0, {**warmup, **runtime.evaluate()})
+        set_up()
         try:
             for step in range(run.start_step + 1, cfg.trainer.total_steps + 1):
                 metrics = rl_step(run, runtime, step)
@@ -56,9 +73,9 @@ def run_training(cfg: Config, out_dir: Path, dist_info: DistInfo) -> None:
             failed = False
             return
         if cfg.trainer.export_policy and not save_due(cfg.trainer, cfg.trainer.total_steps):
-            export_policy(cfg.trainer, runtime.actor, runtime.model_dir, out_dir, writer=runtime.actor_first_rank)
+            export_policy(cfg.trainer, runtime.actor, runtime.model_dir, run.out_dir, writer=runtime.actor_first_rank)
         if runtime.recorder is not None:  # collective, so not in `finally`: after one rank fails the others would wait
-            write_run_trace(runtime.recorder, out_dir, title=runtime.trace_title)
+            write_run_trace(runtime.recorder, run.out_dir, title=runtime.trace_title)
         failed = False
     finally:
         if run.tracker is not None:

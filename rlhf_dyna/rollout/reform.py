@@ -37,5 +37,7 @@ def reform(rollout: VLLMRollout, rank: int, world_size: int) -> None:
     parallel.data_parallel_rank = parallel.data_parallel_index = rank // rollout.tp
     with set_current_vllm_config(config):
         init_worker_distributed_environment(config, rank, "env://", backend=dist.get_backend())
+    # vLLM decides this once, at start: an engine started in a world of one (a joiner's) must now agree with its replicas
+    engine.external_launcher_dp = parallel.data_parallel_size > 1
     engine.dp_group = parallel_state.get_dp_group().cpu_group if engine.external_launcher_dp else None
     rollout.dp_size, rollout.dp_rank = parallel.data_parallel_size, parallel.data_parallel_rank

@@ -98,28 +98,45 @@ def _optimizer_step(engine: TrainEngine) -> Tensor | None:
     return next((s["step"] for s in engine.optimizer.state.values() if "step" in s), None)
 
 
-def empty_engine_like(old: TrainEngine, layout: ParallelLayout, mesh: DeviceMesh, skeleton: nn.Module) -> TrainEngine:
-    """`old`'s settings on `layout`, with uninitialised parameters (the mover fills them) and `old`'s buffers."""
-    group = old.optimizer.param_groups[0] if old.optimizer is not None else {"lr": 0.0, "weight_decay": 0.0, "betas": (0.9, 0.999)}
-    settings = dict(
+def settings_of(engine: TrainEngine) -> dict:
+    """The constructor settings an engine was made with (optimizer hyper-parameters, precision, micro-batching), to
+    make another like it on another layout or in another process (a joining rank's)."""
+    group = engine.optimizer.param_groups[0] if engine.optimizer is not None else {"lr": 0.0, "weight_decay": 0.0, "betas": (0.9, 0.999)}
+    return dict(
         lr=group["lr"], weight_decay=group["weight_decay"], betas=tuple(group["betas"]),
-        grad_clip=old.grad_clip, precision=old.precision, micro_batch_size=old.micro_batch_size,
-        micro_batch_tokens=old.micro_batch_tokens,
-        trainable=old.optimizer is not None, loss_mask_key=old.loss_mask_key, zero=layout.zero,
+        grad_clip=engine.grad_clip, precision=engine.precision, micro_batch_size=engine.micro_batch_size,
+        micro_batch_tokens=engine.micro_batch_tokens, trainable=engine.optimizer is not None,
+        loss_mask_key=engine.loss_mask_key,
     )
+
+
+def optimizer_groups(engine: TrainEngine) -> list[dict]:
+    """Each optimizer param group's settings (lr schedules, per-group settings), without its parameters."""
+    groups = engine.optimizer.param_groups if engine.optimizer is not None else []
+    return [{k: v for k, v in group.items() if k != "params"} for group in groups]
+
+
+def empty_engine(settings: dict, groups: list[dict], buffers: dict[str, Tensor], layout: ParallelLayout,
+                 mesh: DeviceMesh, skeleton: nn.Module) -> TrainEngine:
+    """An engine of `settings` (settings_of) on `layout`, uninitialised parameters (the mover fills them), the given
+    buffers (replicated in every layout) and optimizer group settings."""
     if layout.pp > 1:
-        new = PipelineEngine(skeleton, mesh, schedule=layout.pp_schedule, **settings)
+        new = PipelineEngine(skeleton, mesh, schedule=layout.pp_schedule, zero=layout.zero, **settings)
     else:
-        new = TrainEngine(skeleton, mesh, **settings)
+        new = TrainEngine(skeleton, mesh, zero=layout.zero, **settings)
     new.model.to_empty(device=new.device)  # DTensor params are swapped in place: the optimizer's references stay valid
     with torch.no_grad():  # buffers (rotary frequencies) are replicated in every layout: copy them locally
-        old_buffers = dict(old.model.named_buffers())
         for name, buffer in new.model.named_buffers():
-            buffer.copy_(old_buffers[name])
+            buffer.copy_(buffers[name])
     if new.optimizer is not None:
-        for old_group, new_group in zip(old.optimizer.param_groups, new.optimizer.param_groups):
-            new_group.update({k: v for k, v in old_group.items() if k != "params"})  # lr schedules, per-group settings
+        for group, new_group in zip(groups, new.optimizer.param_groups):
+            new_group.update(group)
     return new
+
+
+def empty_engine_like(old: TrainEngine, layout: ParallelLayout, mesh: DeviceMesh, skeleton: nn.Module) -> TrainEngine:
+    """`old`'s settings on `layout`, with uninitialised parameters (the mover fills them) and `old`'s buffers."""
+    return empty_engine(settings_of(old), optimizer_groups(old), dict(old.model.named_buffers()), layout, mesh, skeleton)
 
 
 def allocate_optimizer_state(engine: TrainEngine, step: Tensor) -> None:

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ...elastic.placement import WEIGHT_SYNC
+from ...elastic.join_world import job_client_store
 from ...parallel_layout import ParallelLayout, RolloutLayout, reached_by, switch_at
 from ...rollout.context_length import max_model_len
 from ...rollout.gpu_defaults import engine_args
@@ -23,7 +24,9 @@ from ...transition.relayout import layout_of, relayout
 from ...transition.syncs import make_sync
 from ...transition.vps_mover import least_moving_layout, make_vps_mover
 from ..build import build_actor, write_initial_checkpoint
-from ..leave import Membership, leave_before_step
+from ..live_world import Membership
+from ..phases import rollouts
+from ..world_changes import changes_before_step
 from ..step import mean_over_world, reshard_metrics
 from .base import Runtime
 
@@ -35,17 +38,36 @@ class ColocateRuntime(Runtime):
         cfg, run, info = self.cfg, self.run, self.run.dist_info
         self.layout = cfg.parallel.train_layout(master_weights=cfg.model.dtype != "float32")
         self.schedule = cfg.parallel.layout_schedule()
-        self.membership = Membership.of(cfg)  # elastic.events and SIGTERM: ranks leaving (orchestrator/leave.py)
+        self.membership = Membership.of(cfg, job_client_store())  # elastic.events and SIGTERM (orchestrator/world_changes.py)
         self.rollout_layout = self.world_rollout_layout()
         self.actor = build_actor(cfg, run.source, build_mesh(self.layout))
         self.model_dir = write_initial_checkpoint(run.source, self.actor, run.tokenizer, run.out_dir, info.node_rank,
                                                   info.local_rank)
-        self.rollout = VLLMRollout(
-            str(self.model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
-            expert_parallel=cfg.rollout.expert_parallel, **engine_args(cfg, info.device.type, colocated=True),
-        )
+        self.rollout = self.start_rollout()
         self.recorder = self._recorder(WEIGHT_SYNC)
         self.sync = self.make_sync()
+
+    def start_rollout(self, load_format: str = "auto") -> VLLMRollout:
+        """This rank's vLLM engine over the current world, opening `self.model_dir` ("dummy": its config only)."""
+        cfg = self.cfg
+        return VLLMRollout(
+            str(self.model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
+            expert_parallel=cfg.rollout.expert_parallel, load_format=load_format,
+            **engine_args(cfg, self.run.dist_info.device.type, colocated=True),
+        )
+
+    def prepare_to_join(self, membership: Membership, model_dir, process: int) -> None:
+        """A joining process, before its world exists: what start() builds without the world (orchestrator/joiner.py).
+        Its engines come by plan at the boundary; `process` names its trace row (its rank is not known yet)."""
+        cfg = self.cfg
+        self.layout = cfg.parallel.train_layout(master_weights=cfg.model.dtype != "float32")
+        self.schedule, self.membership, self.model_dir = cfg.parallel.layout_schedule(), membership, model_dir
+        self.rollout = self.start_rollout(load_format="dummy")  # the first weight sync fills every weight
+        # vLLM's first generate pays one-off costs (kernels, buffers): here, in the background, not in the new world
+        run, share = self.run, max(1, cfg.task.prompts_per_step // cfg.parallel.world_size)  # about a replica's prompts
+        rollouts(cfg, self.rollout, run.task, run.tokenizer, run.task.eval_set()[:share], RolloutLayout(1), 0, seed=0)
+        self.rank = process
+        self.recorder = self._recorder(WEIGHT_SYNC)
 
     def world_rollout_layout(self) -> RolloutLayout:
         """vLLM over the whole world: one replica per rollout.tp ranks."""
@@ -71,9 +93,9 @@ class ColocateRuntime(Runtime):
         return samples
 
     def before_step(self, step: int) -> dict[str, float]:
-        """The leaves of elastic.events due now (orchestrator/leave.py); a layout switch of parallel.schedule (after a
+        """The changes of world due now (orchestrator/world_changes.py); a layout switch of parallel.schedule (after a
         resume: the layout the schedule had reached)."""
-        metrics = leave_before_step(self, self.membership, step) if self.membership is not None else {}
+        metrics = changes_before_step(self, self.membership, step) if self.membership is not None else {}
         start = self.run.start_step
         layout = switch_at(self.schedule, step) if step > start + 1 or start == 0 else reached_by(self.schedule, step)
         return {**metrics, **self.change_layout(layout)} if layout is not None else metrics

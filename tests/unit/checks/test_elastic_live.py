@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_dyna.checks.elastic import LIVE, check_elastic
+from rlhf_dyna.checks.elastic import LIVE, check_elastic, join_refusal
 from rlhf_dyna.config import Config
 from rlhf_dyna.errors import ConfigError
 
@@ -24,13 +24,20 @@ def test_a_colocated_dp_only_run_may_lose_ranks_live():
     check_elastic(config([], elastic__leave_on_sigterm=True))
 
 
+def test_ranks_may_join_a_colocated_run_live_but_not_under_torchrun():
+    check_elastic(config(["leave:3@2", "join@3"]))
+    check_elastic(config(["join@2", "leave:1-2@3", "join:2@4"], parallel__world_size=2))
+    with pytest.raises(ConfigError, match="join@3 under torchrun"):
+        check_elastic(config(["leave:3@2", "join@3"]), under_torchrun=True)
+
+
 @pytest.mark.parametrize("events,changes,named", [
     (["leave:1@2"], dict(placement__policy="split"), "placement=split"),
     (["leave:3@2"], dict(rollout__tp=2), "leave:3@2 (rank 3 leaves (4 -> 3 ranks): the 3 ranks left would generate "
                                          "with rollout tp 1, but a live vLLM engine keeps rollout.tp=2"),
     (["leave:3@2"], dict(trainer__resume="auto"), "trainer.resume=auto"),
     (["leave:0@2"], {}, "leave:0@2 (rank 0 leaves (4 -> 3 ranks): rank 0 serves the job's store"),
-    (["leave:3@2", "join@3"], {}, "join@3 (joins are not built)"),
+    (["leave:2-3@2", "join:2@3"], dict(rollout__tp=2), "join:2@3 with rollout.tp=2 (a joiner's vLLM engine starts"),
     ([], dict(elastic__leave_on_sigterm=True, placement__policy="lend"), "placement=lend"),
 ])
 def test_what_does_not_run_live_is_refused_naming_it(events, changes, named):
@@ -58,3 +65,16 @@ def test_a_tensor_parallel_training_layout_may_lose_ranks_live():
 def test_whole_rollout_tp_groups_may_leave_live():
     cfg = config(["leave:2-3@2"], rollout__tp=2)
     check_elastic(cfg)
+
+
+def test_a_running_job_admits_join_requests_where_a_join_runs_live():
+    assert join_refusal(config([])) is None
+    assert "rollout.tp=2" in join_refusal(config([], rollout__tp=2))
+    assert "placement=lend" in join_refusal(config([], placement__policy="lend"))
+    assert "torchrun" in join_refusal(config([]), under_torchrun=True)
+    check_elastic(config([], elastic__accept_joins=True))
+    with pytest.raises(ConfigError, match="elastic.accept_joins=true: this run cannot admit joining processes live: "
+                                          "parallel.schedule"):
+        cfg = config([], elastic__accept_joins=True)
+        cfg.parallel.schedule = [{"step": 2, "tp": 2}]
+        check_elastic(cfg)

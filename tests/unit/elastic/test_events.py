@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_dyna.elastic.events import Event, EventError, follow, parse_event, parse_events
+from rlhf_dyna.elastic.events import Event, EventError, follow, joiner_slots, parse_event, parse_events
 from rlhf_dyna.elastic.membership import GlobalBatch
 from rlhf_dyna.elastic.placement import ACTOR, GENERATE, ROLLOUT, RankSet
 from rlhf_dyna.elastic.policies import PolicyRequest, make_placement
@@ -20,6 +20,14 @@ from rlhf_dyna.vps.spec import ParallelSpec
 ])
 def test_the_forms_parse(text, event):
     assert parse_event(text) == event
+
+
+def test_each_joining_rank_is_one_launched_process_in_step_order():
+    events = parse_events(["join:2@6", "leave:3@2", "join@4"], total_steps=10)
+    slots = joiner_slots(events)
+    assert [(e.text, i) for e, i in slots] == [("join@4", 0), ("join:2@6", 0), ("join:2@6", 1)]
+    assert all(e is events[2] for e, _ in slots[1:])  # the same objects: a joiner finds its event by identity
+    assert joiner_slots(parse_events(["leave:1@2"], total_steps=4)) == []
 
 
 def test_names_say_who_and_when():

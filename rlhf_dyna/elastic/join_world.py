@@ -1,0 +1,142 @@
+"""A joining rank and the running world meet on the job's store (live part of a join; docs/elastic.md).
+
+    store = job_client_store()                            # every process: a client of the job's TCPStore
+    name = joiner_name(k)                                 # scripted joiner k; request_name(store) for elastic.join
+    enter_private_world(store, name, "gloo")              # a world of one, so vLLM can start before the join
+    ... prepare (task, skeletons, vLLM engine) ...
+    announce_ready(store, name, build_seconds)
+    admission = wait_admission(store, name)               # blocks until the world admits it (NotAdmitted: it won't)
+
+    waited, built = wait_ready(store, [name])             # the old world at the boundary: every rank
+    admit(store, name, Admission(generation, rank, world_size, step))    # rank 0
+
+Every process (ranks and joiners) opens its own client of the job's TCPStore (MASTER_ADDR:MASTER_PORT, served from
+rank 0's process), under one prefix, so all name the same keys whatever worlds they have been through (torch nests
+a default group's store under prefixes of its own); each new world is a default group over
+`rlhf_dyna/world<generation>` of it (elastic.world_switch.enter_new_world).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+
+JOB_PREFIX = "rlhf_dyna/job"
+JOB_DONE_KEY = "done"  # set by rank 0 when the run ends: a waiting joiner stops
+REQUESTS_KEY = "requests"  # a counter: elastic.join=RUN_DIR processes that asked to join so far
+STORE_TIMEOUT = timedelta(hours=24)  # a joiner may wait for its boundary as long as a run lasts
+CONNECT_TIMEOUT = timedelta(seconds=30)  # a job whose store does not answer by then is not running
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What rank 0 tells a joiner at the boundary: the new world's store generation, its rank and size, and the step
+    after which it joins (its first step is step + 1)."""
+
+    generation: int
+    rank: int
+    world_size: int
+    step: int
+
+
+class NotAdmitted(Exception):
+    """The job ended, or refused this joiner at its boundary: the message says which and why."""
+
+
+def joiner_name(index: int) -> str:
+    """Joiner process `index` of the run's elastic.events (launch/spawn.py starts it)."""
+    return f"joiner{index}"
+
+
+def request(n: int) -> str:
+    """The n-th elastic.join=RUN_DIR process of the job."""
+    return f"request{n}"
+
+
+def request_name(store: dist.Store) -> str:
+    """A new name for an elastic.join=RUN_DIR process: the job's requests are counted on its store."""
+    return request(store.add(REQUESTS_KEY, 1) - 1)
+
+
+def requests_so_far(store: dist.Store) -> int:
+    return store.add(REQUESTS_KEY, 0)
+
+
+def ready_key(name: str) -> str:
+    return f"{name}/ready"
+
+
+def admission_key(name: str) -> str:
+    return f"{name}/admit"
+
+
+def refusal_key(name: str) -> str:
+    return f"{name}/refused"
+
+
+def job_client_store(host: str | None = None, port: int | None = None) -> dist.Store:
+    """A client of the job's store (the launcher's MASTER_ADDR:MASTER_PORT by default), under the job's prefix."""
+    host = host if host is not None else os.environ["MASTER_ADDR"]
+    port = port if port is not None else int(os.environ["MASTER_PORT"])
+    client = dist.TCPStore(host, port, is_master=False, timeout=CONNECT_TIMEOUT, wait_for_workers=False)
+    client.set_timeout(STORE_TIMEOUT)
+    return dist.PrefixStore(JOB_PREFIX, client)
+
+
+def enter_private_world(store: dist.Store, name: str, backend: str) -> None:
+    """A default group of one over the joiner's own prefix: vLLM's external launcher builds its engine inside a
+    torch.distributed world, and `rollout.reform` later moves it into the DP group of the world it joins."""
+    dist.init_process_group(backend, store=dist.PrefixStore(f"{name}/world", store), rank=0, world_size=1)
+    os.environ.update(RANK="0", WORLD_SIZE="1")  # vLLM's external launcher reads its rank there
+
+
+def announce_ready(store: dist.Store, name: str, build_seconds: float) -> None:
+    store.set(ready_key(name), json.dumps({"build_seconds": build_seconds}))
+
+
+def is_ready(store: dist.Store, name: str) -> bool:
+    return store.check([ready_key(name)])
+
+
+def wait_ready(store: dist.Store, names: list[str]) -> tuple[float, float]:
+    """Block until every joiner in `names` is prepared; (seconds waited here, the longest preparation)."""
+    started = time.perf_counter()
+    keys = [ready_key(n) for n in names]
+    store.wait(keys, STORE_TIMEOUT)
+    waited = time.perf_counter() - started
+    return waited, max(json.loads(store.get(k))["build_seconds"] for k in keys)
+
+
+def admit(store: dist.Store, name: str, admission: Admission) -> None:
+    store.set(admission_key(name), json.dumps(asdict(admission)))
+
+
+def refuse(store: dist.Store, name: str, why: str) -> None:
+    store.set(refusal_key(name), why)
+
+
+def mark_job_done(store: dist.Store) -> None:
+    store.set(JOB_DONE_KEY, "1")
+
+
+def wait_admission(store: dist.Store, name: str) -> Admission:
+    """Block until rank 0 admits joiner `name`; NotAdmitted when it refuses it or the job ends first (it marked
+    itself done, or its store, served from rank 0's process, went away)."""
+    key, refused = admission_key(name), refusal_key(name)
+    while True:
+        try:
+            if store.check([key]):
+                return Admission(**json.loads(store.get(key)))
+            if store.check([refused]):
+                raise NotAdmitted(store.get(refused).decode())
+            if store.check([JOB_DONE_KEY]):
+                raise NotAdmitted("the job finished before a step boundary admitted this process")
+        except (RuntimeError, dist.DistStoreError) as err:  # the store's server (rank 0) is gone: the job has ended
+            why = str(err).splitlines()[0] if str(err) else type(err).__name__  # torch appends its C++ stack
+            raise NotAdmitted(f"the job ended before a step boundary admitted this process ({why})") from err
+        time.sleep(POLL_S)

@@ -1,0 +1,177 @@
+"""A live join at a step boundary (placement=colocate; docs/elastic.md): new ranks enter the job, every training role's
+state spreads over the larger world by VPS plan, and the run goes on with the same global batch.
+
+The joining processes start with the job and prepare while the world trains (orchestrator/joiner.py: task,
+tokenizer, model skeletons on meta, a vLLM engine in a private world of one). At the boundary after step S:
+1. the old world plans the new one (elastic.membership.world_after, `joining` ranks), waits on the job's store until
+   its joiners are prepared (`wait_seconds`: ~0 when they were ready in time), and rank 0 admits them
+   (elastic.join_world);
+2. every process releases vLLM's groups and its default group (the old world's, or a joiner's private one; the vLLM
+   engines stay) and enters the new default group over `rlhf_dyna/world<generation>`: the old ranks keep their
+   numbers, the joiners come after them;
+3. rank 0 broadcasts what the joiners lack (`Handover`): the loop's state (step, prompt sampler, RNGs, task
+   position, KL controller), each role's engine settings, buffers and source spec, the change's plan;
+4. the old ranks copy their engines locally onto a mesh over ranks 0..N-1 of the new world (the same layout), and
+   each role's parameters and AdamW moments move by VPS plan into engines on the new layout over every rank
+   (transition.role_move: the joiners hold no source);
+5. every rank re-forms its vLLM engine over the new world (one replica more per joiner) and the weights are synced.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.nn import Module
+
+from ..elastic.join_world import Admission, admit, wait_ready
+from ..elastic.membership import NewWorld, WorldChange, world_after
+from ..elastic.world_switch import enter_new_world
+from ..parallel_layout import ParallelLayout
+from ..rollout.reform import reform, release_groups
+from ..train.mesh import build_mesh
+from ..transition.bind_train import train_spec
+from ..transition.relayout import bind_train_state, empty_engine, meta_skeleton, optimizer_groups, settings_of
+from ..transition.role_move import move_role_state, role_catalog
+from ..vps.spec import ParallelSpec
+from .leave import engines_on
+from .live_world import Membership
+from .run import Run
+
+
+@dataclass
+class RoleBlueprint:
+    """What a joiner needs to build its engine of a role like the old world's, and where the role's state lies."""
+
+    settings: dict  # transition.relayout.settings_of
+    groups: list[dict]  # the optimizer's param-group settings
+    buffers: dict[str, Tensor]  # replicated in every layout (rotary frequencies)
+    src: ParallelSpec  # the old world's engines' spec
+
+
+@dataclass
+class Handover:
+    """Rank 0's broadcast in the new world: the change and everything of the run the joiners lack."""
+
+    name: str  # the change's trace and metric name, elastic/join/+N@S
+    new: NewWorld
+    old_layout: ParallelLayout
+    roles: dict[str, RoleBlueprint]
+    step: int  # the last step done: the joiners' first is step + 1
+    loop_rng: random.Random
+    python_rng: object
+    torch_rng: Tensor
+    task_state: dict
+    kl_ctl: object
+    joiners_before: int  # joiner processes admitted so far, this change's included
+
+
+def blueprint(engine) -> RoleBlueprint:
+    buffers = {name: b.detach().clone() for name, b in engine.model.named_buffers()}
+    return RoleBlueprint(settings_of(engine), optimizer_groups(engine), buffers, train_spec(bind_train_state(engine)))
+
+
+def handover(runtime, membership: Membership, new: NewWorld, step: int, name: str) -> Handover:
+    run: Run = runtime.run
+    roles = {move.role: blueprint(getattr(runtime, move.role)) for move in new.moves}
+    return Handover(name, new, runtime.layout, roles, step, run.rng, random.getstate(), torch.get_rng_state(),
+                    getattr(run.task, "state_dict", dict)(), run.kl_ctl, membership.joiners_before)
+
+
+def shared(h: Handover | None) -> Handover:
+    """Collective over the new world: rank 0's handover on every rank."""
+    box = [h]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def take_over(run: Run, h: Handover) -> None:
+    """A joiner: the loop's state as the old world has it after step h.step."""
+    run.start_step, run.rng, run.kl_ctl = h.step, h.loop_rng, h.kl_ctl
+    random.setstate(h.python_rng)
+    torch.set_rng_state(h.torch_rng)
+    if h.task_state:
+        run.task.load_state_dict(h.task_state)
+
+
+def spread(runtime, h: Handover, staged: dict, skeletons: dict[str, Module]) -> tuple[dict, ParallelLayout, int, int]:
+    """Collective over the new world: each role's state from `staged` (the old ranks' engines on ranks 0..N-1; {} on
+    a joiner) into empty engines on the new layout over every rank; (role -> engine, layout, bytes moved, rounds)."""
+    layout = h.new.layout.fill(h.new.change.new_world_size)
+    mesh, engines, moved, rounds = build_mesh(layout), {}, 0, 0
+    for move in h.new.moves:
+        source, plan = staged.get(move.role), h.roles[move.role]
+        skeleton = meta_skeleton(source.model) if source is not None else skeletons[move.role]
+        engines[move.role] = empty_engine(plan.settings, plan.groups, plan.buffers, layout, mesh, skeleton)
+        stats = move_role_state(source, engines[move.role], plan.src, move.dst, role_catalog(engines[move.role]),
+                                recorder=runtime.recorder, trace_name=h.name)
+        moved, rounds = moved + stats.bytes_moved, rounds + stats.rounds
+    return engines, layout, moved, rounds
+
+
+def grow(runtime, membership: Membership, h: Handover, engines: dict, skeletons: dict[str, Module]) -> dict[str, float]:
+    """Collective over the new world, on old ranks and joiners alike: stage, spread, re-form vLLM, sync; timings."""
+    started = time.perf_counter()
+    staged = engines_on(h.old_layout, engines)  # a mesh over ranks 0..N-1 of the new world: the joiners take part
+    for role in engines:
+        setattr(runtime, role, None)  # the old world's engine: its state is staged now
+    grown, layout, moved, rounds = spread(runtime, h, staged, skeletons)
+    moved_at = time.perf_counter()
+    reform(runtime.rollout, dist.get_rank(), dist.get_world_size())  # the same engine, in a larger DP group
+    runtime.enter_world(layout, grown)
+    runtime.sync_weights()
+    membership.placement, membership.joiners_before = h.new.placement, h.joiners_before
+    return {"move_seconds": moved_at - started, "rollout_seconds": time.perf_counter() - moved_at,
+            "bytes_moved": float(moved), "rounds": float(rounds)}
+
+
+def joined_world(membership: Membership, joining: int) -> NewWorld:
+    """The world after `joining` ranks join the current one (MembershipError: it cannot be)."""
+    return world_after(membership.placement, membership.preferred, membership.rollout_tp, membership.batch,
+                       WorldChange(dist.get_world_size(), (), joining))
+
+
+def admit_joiners(runtime, membership: Membership, joiners: list[str], step: int, name: str,
+                  scripted: bool = True) -> dict[str, float]:
+    """Collective over the old world: the processes `joiners` (elastic.join_world names) enter after step `step`;
+    the change's metrics (elastic/join/*), on the ranks of the new world. `scripted`: an elastic.events join (its
+    joiners count in membership.joiners_before), else elastic.join=RUN_DIR requests."""
+    started, rank, world, joining = time.perf_counter(), dist.get_rank(), dist.get_world_size(), len(joiners)
+    new = joined_world(membership, joining)  # a scripted join was checked before spawn, a request by rank 0
+    waited, built = wait_ready(membership.store, joiners)
+    membership.joiners_before += joining if scripted else 0
+    h = handover(runtime, membership, new, step, name) if rank == 0 else None
+    membership.generation += 1
+    if rank == 0:
+        for i, joiner in enumerate(joiners):
+            admit(membership.store, joiner, Admission(membership.generation, world + i, world + joining, step))
+    backend = dist.get_backend()
+    release_groups()  # vLLM's groups and the old default group; the engines stay
+    enter_new_world(membership.store, membership.generation, rank, world + joining, backend)
+    entered_at = time.perf_counter()
+    engines = {move.role: getattr(runtime, move.role) for move in new.moves}
+    timings = grow(runtime, membership, shared(h), engines, {})
+    done = time.perf_counter()
+    if rank == 0:
+        print(f"rlhf_dyna: {name}: {new.change.describe()}; moved {timings['bytes_moved'] / 2**20:,.2f} MiB in "
+              f"{timings['rounds']:.0f} rounds; training layout {runtime.layout.describe()}, {done - started:.2f} s "
+              f"(waited {waited:.2f} s for the joiners, who prepared in {built:.2f} s)", flush=True)
+    return {"elastic/join/seconds": done - started, "elastic/join/build_seconds": built,
+            "elastic/join/wait_seconds": waited, "elastic/join/world_seconds": entered_at - started - waited,
+            **{f"elastic/join/{key}": value for key, value in timings.items()}}
+
+
+def enter_as_joiner(runtime, membership: Membership, admission: Admission, skeletons: dict[str, Module]) -> Handover:
+    """A joiner at its boundary: leave the private world, enter the new one, take the loop's state and its share of
+    every role (collective with the old world's `admit_joiners`)."""
+    backend = dist.get_backend()
+    release_groups()  # the private world's vLLM groups and default group; the engine stays
+    membership.generation = admission.generation
+    enter_new_world(membership.store, admission.generation, admission.rank, admission.world_size, backend)
+    h = shared(None)
+    take_over(runtime.run, h)
+    grow(runtime, membership, h, {}, skeletons)
+    return h

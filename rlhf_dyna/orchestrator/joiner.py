@@ -1,0 +1,122 @@
+"""A joining rank's process (placement=colocate; docs/elastic.md): started by the launcher beside the world
+(`elastic.events=[...,join@S]`), it prepares without the world, waits on the job's store for its boundary, enters
+the new world there (orchestrator/join.py) and runs the remaining steps as any rank does.
+
+    python -m rlhf_dyna.worker RUN_DIR     with RLHF_DYNA_JOINER=k (launch/spawn.py sets it for joiner process k)
+    python -m rlhf_dyna elastic.join=RUN_DIR      a second terminal: this process asks the running job to admit it
+
+A process that asks (`elastic.join`) runs with the job's resolved config, registers on the job's store once prepared,
+and rank 0 admits it at the next step boundary (after the scripted changes and the SIGTERM leaves of that boundary).
+
+Preparation (`elastic/join/build_seconds`): the tokenizer and task, the model skeletons on meta of the roles it will
+hold, and its vLLM engine inside a private world of one (a default group over its own prefix of the job's store;
+opened with dummy weights from the model's config: the first weight sync in the new world writes every weight).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ..config import Config
+from ..elastic.events import Event, joiner_slots
+from ..elastic.join_world import (Admission, NotAdmitted, announce_ready, enter_private_world, job_client_store,
+                                  joiner_name, request_name, wait_admission)
+from ..elastic.sigterm import LeaveOnSigterm
+from ..launch import DistInfo
+from ..launch.devices import rank_device, world_backend
+from ..launch.rank import use_device
+from ..launch.shm import clean_shm_segments, pin_vllm_shm_ident
+from ..models.build import ModelSpec, make_hf_config
+from ..models.meta_init import checkpoint_config, meta_critic, meta_policy
+from .build import DTYPES
+from .join import enter_as_joiner
+from .live_world import Membership
+from .loop import run_steps
+from .run import Run, make_run
+from .runtimes.colocate import ColocateRuntime
+from .world_changes import changes_before_step
+
+
+def run_joiner(cfg: Config, out_dir: Path, index: int | None) -> None:
+    """Joiner process `index` of the run's elastic.events, or (None) a process that asks to join the running job
+    (elastic.join=RUN_DIR): prepare, wait for the boundary, enter, train to the end. NotAdmitted: the job refused it
+    or ended first."""
+    started, store = time.perf_counter(), job_client_store()
+    membership = Membership.of(cfg, store, sigterm=False)  # pure until the boundary: the placement, the events
+    scripted = joiner_slots(membership.events)
+    name = joiner_name(index) if index is not None else request_name(store)
+    process = cfg.parallel.world_size + (index if index is not None else len(scripted) + int(name.removeprefix("request")))
+    event = scripted[index][0] if index is not None else None
+    run = make_run(cfg, out_dir, joiner_dist_info(cfg, process, name, store, index is not None))
+    runtime = ColocateRuntime(run)
+    runtime.prepare_to_join(membership, model_dir(run, name), process)
+    models = skeletons(cfg, run)
+    built = time.perf_counter() - started
+    announce_ready(store, name, built)
+    print(f"rlhf_dyna: {name} (pid {os.getpid()}) prepared in {built:.2f} s; waiting for "
+          f"{event.text if event is not None else 'the next step boundary'}", flush=True)
+    try:
+        admission = wait_admission(store, name)
+    except NotAdmitted:
+        runtime.close(failed=False)  # vLLM's own shutdown in the private world, before that world goes at exit
+        raise
+    run.start_step = admission.step
+    print(f"rlhf_dyna: {name} joins after step {admission.step} as rank {admission.rank} of {admission.world_size}",
+          flush=True)
+    run_steps(run, runtime, lambda: enter(runtime, membership, admission, models, event))
+
+
+def enter(runtime: ColocateRuntime, membership: Membership, admission: Admission, models: dict,
+          event: Event | None) -> None:
+    """The joiner's set-up: its entry at its event, then the rest of that boundary as the old ranks run it (nothing
+    is left after a request: requests come last)."""
+    enter_as_joiner(runtime, membership, admission, models)
+    if runtime.cfg.elastic.leave_on_sigterm:
+        membership.sigterm = LeaveOnSigterm().install()
+    step = admission.step + 1
+    if event is not None:
+        position = next(i for i, e in enumerate(membership.due_before(step)) if e is event)
+        changes_before_step(runtime, membership, step, first=position + 1)
+    membership.entered_before = step
+    runtime.begin()
+
+
+def joiner_dist_info(cfg: Config, process: int, name: str, store, launched: bool) -> DistInfo:
+    """A private world of one over the joiner's prefix of the job's store; `process`: its launch index (world_size
+    + k), which names its log and trace row until the new world gives it a rank. `launched`: started by the job's
+    launcher, it removes the run's /dev/shm segments at exit as the ranks do (a process that asked to join leaves them
+    to the job, which may go on without it)."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    os.environ.setdefault("LOCAL_RANK", str(process))  # vLLM's external launcher reads it (elastic.join sets none)
+    chosen = rank_device(cfg.parallel.device, process, local_world, torch.cuda.device_count())
+    device, backend, ident = use_device(chosen, cfg.trainer.tf32), world_backend(chosen.type), os.environ["VLLM_DIST_IDENT"]
+    enter_private_world(store, name, backend)
+    pin_vllm_shm_ident(ident)
+    if launched:
+        atexit.register(clean_shm_segments, ident)
+    return DistInfo(process, 1, process, local_world, 0, backend, device, ident)
+
+
+def skeletons(cfg: Config, run: Run) -> dict:
+    """The roles' models on the meta device (no memory), as the old world built them: the policy (actor, reference)
+    and PPO's value model, from the checkpoint's config or the random-init spec's."""
+    config = make_hf_config(run.source) if isinstance(run.source, ModelSpec) else checkpoint_config(run.source)
+    out = {"actor": meta_policy(config, DTYPES["fp32"])}
+    if cfg.algorithm.kl_coef > 0:
+        out["reference"] = meta_policy(config, DTYPES["fp32"])
+    if cfg.algorithm.name == "ppo":
+        out["critic"] = meta_critic(config, DTYPES["fp32"])
+    return out
+
+
+def model_dir(run: Run, name: str) -> Path:
+    """What vLLM opens: a checkpoint as is, or the random-init spec's config alone (the engine loads dummy weights)."""
+    if not isinstance(run.source, ModelSpec):
+        return Path(run.source)
+    out = run.out_dir / "model_init" / name
+    make_hf_config(run.source).save_pretrained(out)
+    return out
