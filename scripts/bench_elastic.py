@@ -53,26 +53,24 @@ def finish(proc: subprocess.Popen) -> None:
         raise RuntimeError(f"the app failed (exit code {proc.returncode}):\n{out[-3000:]}")
 
 
-def leave_path(tmp: Path) -> dict:
-    run_dir = tmp / "leave"
-    finish(app(run_dir, "parallel.world_size=4", "elastic.events=[leave:3@2]"))
+def change_at_step_3(run_dir: Path, kind: str, breakdown: tuple[str, ...]) -> dict:
+    """The change after step 2 (`kind`: leave or join) as step 3 logged it, and the run's world sizes."""
     step3 = rows(run_dir)[3]
-    out = {key: step3[f"elastic/leave/{key}"] for key in ("seconds", *BREAKDOWN, "bytes_moved", "rounds")}
+    out = {key: step3[f"elastic/{kind}/{key}"] for key in ("seconds", *breakdown, "bytes_moved", "rounds")}
     out["first_step_seconds"] = step3["timing_s/step"]
     out["boundary_to_first_step_seconds"] = out["seconds"] + out["first_step_seconds"]
     out["world_size"] = [r.get("elastic/world_size") for r in rows(run_dir)[1:]]
     return out
+
+
+def leave_path(tmp: Path) -> dict:
+    finish(app(tmp / "leave", "parallel.world_size=4", "elastic.events=[leave:3@2]"))
+    return change_at_step_3(tmp / "leave", "leave", BREAKDOWN)
 
 
 def join_path(tmp: Path) -> dict:
-    run_dir = tmp / "join"
-    finish(app(run_dir, *THREE, "parallel.world_size=3", "elastic.events=[join@2]"))
-    step3 = rows(run_dir)[3]
-    out = {key: step3[f"elastic/join/{key}"] for key in ("seconds", *JOIN_BREAKDOWN, "bytes_moved", "rounds")}
-    out["first_step_seconds"] = step3["timing_s/step"]
-    out["boundary_to_first_step_seconds"] = out["seconds"] + out["first_step_seconds"]
-    out["world_size"] = [r.get("elastic/world_size") for r in rows(run_dir)[1:]]
-    return out
+    finish(app(tmp / "join", *THREE, "parallel.world_size=3", "elastic.events=[join@2]"))
+    return change_at_step_3(tmp / "join", "join", JOIN_BREAKDOWN)
 
 
 def restart_path(tmp: Path, before: int = 4, after: int = 3, *extra: str) -> dict:

@@ -11,6 +11,7 @@ import pytest
 
 from rlhf_dyna.models.tiny_checkpoint import make_tiny_checkpoint
 from tests.app.app_runs import run_app
+from tests.app.marked_processes import marked_processes
 
 ROWS = [{"prompt": [{"role": "user", "content": f"{i} plus 1?"}], "answer": f"#### {i + 1}", "kind": "add"} for i in range(4)]
 
@@ -109,4 +110,5 @@ def test_bad_data_fails_before_spawn(setup, name, args, message):
     else:
         assert "Traceback" not in proc.stderr
     assert "rank" not in proc.stdout.lower() and not list((setup["root"] / "run").rglob("rank*.log"))
+    assert marked_processes(str(setup["root"])) == [], "a process of the refused run is still alive"
     assert elapsed < 60, f"took {elapsed:.1f} s"
