@@ -1,15 +1,21 @@
-"""vLLM CPU worker whose shared-memory segments are named per run, so concurrent or crashed runs can't collide.
+"""vLLM CPU workers: their shared-memory segments named per run, and their sampler without a first-call compile.
 
 vLLM's CPUWorker names the TP communicator's /dev/shm segments after the last ':' field of
 distributed_init_method, overwriting VLLM_DIST_IDENT. Under external_launcher that method is the constant
 "env://", so every run on a host uses "//-tp:0-[0-1]-cpushm" and a second run (or any run after a crash)
 fails with `create shm in SHMManager failed. errno: 17`. Our ranks already have torch.distributed
 initialised, so the init method is not used to connect; we only give it a per-run last field.
+
+vLLM's sampler ranks each sampled token among the logits with `batched_count_greater_than`, a function under
+`torch.compile(backend="inductor")` (vllm/v1/sample/ops/logprobs.py): its first call traces and compiles C++ for
+seconds in every engine process, which every run paid at its first generation. The eager expression is the same
+integer count.
 """
 from __future__ import annotations
 
 import os
 
+from vllm.v1.sample import sampler
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 
@@ -18,7 +24,19 @@ def shm_ident() -> str:
     return os.environ.get("VLLM_DIST_IDENT") or f"rlhfdyna-{os.environ.get('MASTER_PORT', os.getpid())}"
 
 
-class ShmIdentCPUWorker(CPUWorker):
+def eager_logprob_ranks() -> None:
+    """Idempotent, per process: vLLM's sampler counts token ranks with the uncompiled function."""
+    compiled = sampler.batched_count_greater_than
+    sampler.batched_count_greater_than = getattr(compiled, "_torchdynamo_orig_callable", compiled)
+
+
+class EagerSamplerCPUWorker(CPUWorker):
+    def init_device(self) -> None:
+        eager_logprob_ranks()
+        super().init_device()
+
+
+class ShmIdentCPUWorker(EagerSamplerCPUWorker):
     def init_device(self) -> None:
         self.distributed_init_method = f"env://:{shm_ident()}"
         super().init_device()

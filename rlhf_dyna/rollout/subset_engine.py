@@ -101,6 +101,7 @@ class SubsetVLLMRollout(VLLMRollout):
                 dtype=dtype, max_model_len=max_model_len, logprobs_mode=logprobs_mode,
                 enable_prefix_caching=enable_prefix_caching, **({} if block_size is None else {"block_size": block_size}),
                 worker_extension_cls=f"{__name__}.ShmWeightInstall", **platform_engine_args(max_model_len),
+                **({} if on_cuda else {"worker_cls": "rlhf_dyna.rollout.cpu_worker.EagerSamplerCPUWorker"}),
             )
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:

@@ -268,8 +268,9 @@ class RebalanceRuntime(SplitRuntime):
         t0, wall = time.perf_counter(), time.time()
         kl_ctl = self.run.kl_ctl
         (old, old_rollout), (new, new_rollout) = (self.layout, self.rollout_layout), split_layouts(self.cfg, target)
+        t = time.perf_counter()
         world = self.builder.get(self.placements[target].key())
-        parts = {"placement/wait_seconds": time.perf_counter() - t0}  # name -> this rank's seconds of that part
+        parts = {"placement/wait_seconds": time.perf_counter() - t}  # name -> this rank's seconds of that part
         t = time.perf_counter()
         self._join_preparing()  # plans and skeletons of this move, built in the background since the last one
         parts["rebalance/prepare_wait_seconds"] = time.perf_counter() - t

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from torch._dynamo.utils import counters
 
 from rlhf_dyna.models.build import build_policy, save_hf_dir
 from rlhf_dyna.rollout.vllm_engine import VLLMRollout
@@ -19,6 +20,7 @@ def _slices_draw_what_the_whole_list_draws(rank: int, world: int, model_dir: str
     draw = lambda prompts, first: [[s.token_ids for s in outs] for outs in rollout.generate(
         prompts, n=2, temperature=1.0, max_tokens=8, seed=1234, first_index=first)]
     whole = draw(PROMPTS, 0)
+    assert counters["frames"]["total"] == 0, "vLLM's sampler compiled a function at the first generation (cpu_worker)"
     assert draw(PROMPTS[3:], 3) == whole[3:] and draw(PROMPTS[:3], 0) == whole[:3]
     assert draw(PROMPTS[3:], 0) != whole[3:], "local indices would draw other samples: the check can fail"
     rollout.shutdown()
