@@ -13,11 +13,13 @@ from tests.app.marked_processes import marked_processes
 # no ratio, dual or value clip: each is a discontinuity in the gradient that round-off may cross (test_lend.py)
 NO_CLIP = ["algorithm.clip_eps_low=1.0", "algorithm.clip_eps_high=1e9", "algorithm.clip_ratio_c=0",
            "algorithm.vf_clip=1e9"]
-GRPO4 = [  # 12 prompts and 12 eval examples divide over 1, 2, 3 and 4 rollout ranks; 48 rows over dp 1, 2, 3 and 4
+# 12 prompts and 12 eval examples divide over 1, 2, 3 and 4 rollout ranks; 48 rows over dp 1, 2, 3 and 4, each rank's
+# mini-batch one micro-batch (gradient accumulation has its own tests in tests/ranks/engines)
+GRPO4 = [
     "recipe=grpo_tiny", "parallel.world_size=4", "trainer.sft_warmup_steps=30", "trainer.sft_batch_size=16",
     "trainer.precision=fp32",
     "task.prompts_per_step=12", "rollout.n=4", "task.partial_credit=true", "task.eval_size=12", "task.eval_every=2",
-    "trainer.total_steps=3", "algorithm.mini_batches=2", "algorithm.epochs=2", "algorithm.micro_batch_size=4",
+    "trainer.total_steps=3", "algorithm.mini_batches=2", "algorithm.epochs=2", "algorithm.micro_batch_size=16",
     "algorithm.kl_coef=0.02",
     "trainer.save_last=false", "trainer.export_policy=false", "tracking.wandb_mode=disabled", *NO_CLIP,
 ]

@@ -17,7 +17,7 @@ from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, SYNC, assert_same_metrics, kill_marked, run, weight_files
 
 # PPO (actor, critic and reference to move) with micro-batches of 1 row
-PPO4_MB1 = ["recipe=ppo_tiny" if a == "recipe=grpo_tiny" else a.replace("micro_batch_size=4", "micro_batch_size=1")
+PPO4_MB1 = ["recipe=ppo_tiny" if a == "recipe=grpo_tiny" else a.replace("micro_batch_size=16", "micro_batch_size=1")
             for a in GRPO4 if a != "algorithm.kl_coef=0.02"]
 REBALANCE = ["placement=split", "placement.max_staleness=0", "placement.rollout_ranks=3", "placement.rebalance=true",
              "placement.rebalance_every=1", "placement.rebalance_margin=0.05"]
