@@ -64,7 +64,7 @@ def bench_elastic(bench: Path) -> str:
 
     def hidden(c: dict) -> str:
         where = "" if c["background"] else ", built at the boundary"
-        return f"{c['wait_seconds']:.4f} ({100 * c['wait_seconds'] / c['build_seconds']:.1f}% of the build{where})"
+        return f"{1e3 * c['wait_seconds']:.2f} ms ({100 * c['wait_seconds'] / c['build_seconds']:.1f}% of the build{where})"
 
     rows = [
         ("the new world's groups built (`build_seconds`: every rendezvous and connect, on a thread during step 2)",
@@ -83,7 +83,8 @@ def bench_elastic(bench: Path) -> str:
          f"{leave['copy_seconds']:.3f}", f"{join['handover_seconds']:.3f}"),
         ("vLLM's groups released and re-formed over the new world, weights synced", f"{leave['rollout_seconds']:.3f}",
          f"{join['rollout_seconds']:.3f}"),
-        ("the whole change (`elastic/<leave|join>/seconds`)", f"{leave['seconds']:.2f}", f"{join['seconds']:.2f}"),
+        ("the whole change (`elastic/leave/seconds`, `elastic/join/seconds`)", f"{leave['seconds']:.2f}",
+         f"{join['seconds']:.2f}"),
         ("from the boundary to step 3 done", f"**{leave['boundary_to_first_step_seconds']:.2f}**",
          f"**{join['boundary_to_first_step_seconds']:.2f}**"),
         ("checkpoint and restart: relaunch with `trainer.resume` to step 3 done (the save not counted)",
