@@ -2,17 +2,23 @@
 3 -> 4 local gloo ranks (the tiny GRPO recipe, placement=colocate, fp32).
 
 - leave: `elastic.events=[leave:3@2]`; from the step boundary to the first step in the new world is the change's
-  `elastic/leave/seconds` (its breakdown: the move over the old world, the new world's group / mesh / engines, the
-  rollout stopped, re-formed and synced) plus step 3's `timing_s/step`.
+  `elastic/leave/seconds` (its breakdown: the move over the old world; the new world's groups and meshes, built in the
+  background during step 2 (`build_seconds`, off the path), what the boundary waited for that build (`wait_seconds`)
+  and spent on the world's groups and meshes in all (`world_seconds`: the wait, then torch taking the groups);
+  the engines' local copy; the rollout released, re-formed and synced) plus step 3's `timing_s/step`.
 - restart: the same run checkpointed after step 2 (`trainer.save_every=2`), then relaunched on 3 ranks with
   `trainer.resume` at that checkpoint; from the launch to step 3's metrics row (imports, vLLM start-up, the checkpoint
   load, step 3). The save itself is not counted (in the restart path's favour).
 - join: `parallel.world_size=3 elastic.events=[join@2]`; from the step boundary to the first step in the new world is
   the change's `elastic/join/seconds` (its breakdown: the wait for the joiner, which prepared in the background during
-  steps 1-2 (`build_seconds`, not on the path), the new world's group, the move, vLLM re-formed and synced) plus step
-  3's `timing_s/step`; against a 3-rank run checkpointed after step 2 and relaunched on 4 ranks with `trainer.resume`.
+  the warm-up and steps 1-2 (`prepare_seconds`, not on the path); the new world's groups and meshes, built in the
+  background during step 2 by the ranks and the joiner (`build_seconds`), the boundary's wait for it and its time on
+  the world in all (`wait_seconds`, `world_seconds`); the handover; the move; vLLM re-formed and synced) plus step
+  3's `timing_s/step`; against a
+  3-rank run checkpointed after step 2 and relaunched on 4 ranks with `trainer.resume`.
 
-    python scripts/bench_elastic.py --out docs/bench/bench_elastic.json
+    python scripts/bench_elastic.py --out docs/bench/bench_elastic.json --note "what else ran on the machine"
+    python scripts/docs_tables.py        # docs/elastic.md's table from the JSON
 """
 from __future__ import annotations
 
@@ -32,8 +38,10 @@ RUN = [  # 12 prompts x 4 samples: 48 rows split over dp 4 and 3, the prompts ov
     "algorithm.mini_batches=2", "algorithm.micro_batch_size=4", "algorithm.kl_coef=0.02", "trainer.save_last=false",
     "trainer.export_policy=false", "tracking.wandb_mode=disabled", "trainer.total_steps=4",
 ]
-BREAKDOWN = ("move_seconds", "build_seconds", "rollout_seconds")
-JOIN_BREAKDOWN = ("build_seconds", "wait_seconds", "world_seconds", "move_seconds", "rollout_seconds")
+BREAKDOWN = ("move_seconds", "build_seconds", "wait_seconds", "world_seconds", "background", "copy_seconds",
+             "rollout_seconds")
+JOIN_BREAKDOWN = ("prepare_seconds", "ready_wait_seconds", "build_seconds", "wait_seconds", "world_seconds",
+                  "background", "handover_seconds", "move_seconds", "rollout_seconds")
 THREE = ["trainer.sft_batch_size=12"]  # the warm-up's batch splits over 3 ranks too (only the join's runs start with 3)
 
 
@@ -92,6 +100,7 @@ def restart_path(tmp: Path, before: int = 4, after: int = 3, *extra: str) -> dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("docs/bench/bench_elastic.json"))
+    parser.add_argument("--note", default="", help="what else shared the machine, for the record")
     args = parser.parse_args()
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench_elastic_") as tmp:
@@ -102,17 +111,18 @@ def main() -> None:
     ratio = leave["boundary_to_first_step_seconds"] / restart["launch_to_first_step_seconds"]
     join_ratio = join["boundary_to_first_step_seconds"] / join_restart["launch_to_first_step_seconds"]
     result = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": f"{os.cpu_count()} CPU cores",
-              "load_average_at_start": [round(x, 1) for x in load], "change": "rank 3 of 4 leaves after step 2",
+              "load_average_at_start": [round(x, 1) for x in load], "note": args.note,
+              "change": "rank 3 of 4 leaves after step 2",
               "leave": leave, "restart": restart, "leave_over_restart": ratio,
               "join_change": "1 rank joins 3 after step 2", "join": join, "join_restart": join_restart,
               "join_over_restart": join_ratio}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"leave: {leave['boundary_to_first_step_seconds']:.2f} s from the boundary to step 3 done ("
-          + ", ".join(f"{k} {leave[k]:.2f}" for k in BREAKDOWN) + f", step {leave['first_step_seconds']:.2f}); "
+          + ", ".join(f"{k} {leave[k]:.3f}" for k in BREAKDOWN) + f", step {leave['first_step_seconds']:.2f}); "
           f"restart: {restart['launch_to_first_step_seconds']:.2f} s; ratio {ratio:.2f}")
     print(f"join: {join['boundary_to_first_step_seconds']:.2f} s from the boundary to step 3 done ("
-          + ", ".join(f"{k} {join[k]:.2f}" for k in JOIN_BREAKDOWN) + f", step {join['first_step_seconds']:.2f}; "
-          f"build_seconds was paid in the background); restart 3 -> 4: "
+          + ", ".join(f"{k} {join[k]:.3f}" for k in JOIN_BREAKDOWN) + f", step {join['first_step_seconds']:.2f}; "
+          f"prepare_seconds and build_seconds were paid in the background); restart 3 -> 4: "
           f"{join_restart['launch_to_first_step_seconds']:.2f} s; ratio {join_ratio:.2f}")
 
 

@@ -61,6 +61,7 @@ TABLES: dict[str, dict[str, Callable[[], str]]] = {
         "dry_run_grpo_70b": lambda: elastic_tables.elastic_dry_run(BENCH, "grpo_70b"),
         "dry_run_ppo_235b_moe": lambda: elastic_tables.elastic_dry_run(BENCH, "ppo_235b_moe"),
         "torchft_probe": lambda: elastic_tables.torchft_probe(BENCH),
+        "bench_elastic": lambda: elastic_tables.bench_elastic(BENCH),
     },
     "docs/bench/planning.md": {
         "bench_plan": lambda: doc_tables.planning(BENCH),

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from ..config import Config
 from ..elastic.events import Event, EventError
-from ..elastic.membership import STORE_HOST_RANK, NewWorld, live_refusal
+from ..elastic.membership import NewWorld, live_refusal
+from ..launch.host import store_host_rank
 from ..orchestrator.membership import membership_worlds
 from ..orchestrator.placements import scores_with_reward_model
 from ..errors import ConfigError
 
 LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM), and join@S and join:N@S, under "
         "placement=colocate with a training layout of dp and tp (parallel.train pp, cp, ep = 1), no parallel.schedule, "
-        f"no reward model, no trainer.resume, rank {STORE_HOST_RANK} staying (it serves the job's store), rollout.tp "
+        "no reward model, no trainer.resume, rollout.tp "
         "consecutive ranks (or a multiple) leaving at a time, and rollout.tp=1 for joins, launched by python -m "
         "rlhf_dyna (not torchrun: its launcher starts the joining processes)")
 
@@ -38,7 +39,8 @@ def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torch
     if joins and under_torchrun:
         problems.append(f"{', '.join(joins)} under torchrun (python -m rlhf_dyna's launcher starts the joiners)")
     problems += [f"{event.text} ({why})" for event, world in worlds
-                 if event.leaving and (why := live_refusal(world.change, cfg.rollout.tp, world.rollout_tp))]
+                 if event.leaving and (why := live_refusal(world.change, cfg.rollout.tp, world.rollout_tp,
+                                                           store_host_rank(launching=not under_torchrun)))]
     return problems
 
 

@@ -5,14 +5,15 @@
     enter_private_world(store, name, "gloo")              # a world of one, so vLLM can start before the join
     ... prepare (task, skeletons, vLLM engine) ...
     announce_ready(store, name, build_seconds)
-    admission = wait_admission(store, name)               # blocks until the world admits it (NotAdmitted: it won't)
-
+    admission = wait_admission(store, name, on_plan)      # blocks until the world admits it (NotAdmitted: it won't);
+                                                          # on_plan(plan) when rank 0 posts the new world's plan
+    post_plan(store, name, plan)                          # rank 0, at the start of the step before the boundary
     waited, built = wait_ready(store, [name])             # the old world at the boundary: every rank
     admit(store, name, Admission(generation, rank, world_size, step))    # rank 0
 
 Every process (ranks and joiners) opens its own client of the job's TCPStore (MASTER_ADDR:MASTER_PORT, served from
-rank 0's process), under one prefix, so all name the same keys whatever worlds they have been through (torch nests
-a default group's store under prefixes of its own); each new world is a default group over
+the launcher's process: launch/spawn.py), under one prefix, so all name the same keys whatever worlds they have been
+through (torch nests a default group's store under prefixes of its own); each new world is a default group over
 `rlhf_dyna/world<generation>` of it (elastic.world_switch.enter_new_world).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
@@ -79,6 +81,10 @@ def refusal_key(name: str) -> str:
     return f"{name}/refused"
 
 
+def plan_key(name: str) -> str:
+    return f"{name}/plan"
+
+
 def job_client_store(host: str | None = None, port: int | None = None) -> dist.Store:
     """A client of the job's store (the launcher's MASTER_ADDR:MASTER_PORT by default), under the job's prefix."""
     host = host if host is not None else os.environ["MASTER_ADDR"]
@@ -116,6 +122,11 @@ def admit(store: dist.Store, name: str, admission: Admission) -> None:
     store.set(admission_key(name), json.dumps(asdict(admission)))
 
 
+def post_plan(store: dist.Store, name: str, plan: dict) -> None:
+    """The world joiner `name` will enter at the next boundary (elastic.world_prebuild: it builds its groups now)."""
+    store.set(plan_key(name), json.dumps(plan))
+
+
 def refuse(store: dist.Store, name: str, why: str) -> None:
     store.set(refusal_key(name), why)
 
@@ -124,19 +135,23 @@ def mark_job_done(store: dist.Store) -> None:
     store.set(JOB_DONE_KEY, "1")
 
 
-def wait_admission(store: dist.Store, name: str) -> Admission:
+def wait_admission(store: dist.Store, name: str, on_plan: Callable[[dict], None] | None = None) -> Admission:
     """Block until rank 0 admits joiner `name`; NotAdmitted when it refuses it or the job ends first (it marked
-    itself done, or its store, served from rank 0's process, went away)."""
-    key, refused = admission_key(name), refusal_key(name)
+    itself done, or its store, served from the launcher's process, went away). `on_plan`: called once with the plan
+    rank 0 posts at the start of the step before the boundary."""
+    key, refused, planned = admission_key(name), refusal_key(name), plan_key(name)
     while True:
         try:
+            if on_plan is not None and store.check([planned]):
+                on_plan(json.loads(store.get(planned)))
+                on_plan = None
             if store.check([key]):
                 return Admission(**json.loads(store.get(key)))
             if store.check([refused]):
                 raise NotAdmitted(store.get(refused).decode())
             if store.check([JOB_DONE_KEY]):
                 raise NotAdmitted("the job finished before a step boundary admitted this process")
-        except (RuntimeError, dist.DistStoreError) as err:  # the store's server (rank 0) is gone: the job has ended
+        except (RuntimeError, dist.DistStoreError) as err:  # the store's server (the launcher) is gone: the job ended
             why = str(err).splitlines()[0] if str(err) else type(err).__name__  # torch appends its C++ stack
             raise NotAdmitted(f"the job ended before a step boundary admitted this process ({why})") from err
         time.sleep(POLL_S)

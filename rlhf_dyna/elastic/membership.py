@@ -257,17 +257,17 @@ def role_moves(old: Placement, new: Placement, change: WorldChange) -> tuple[Rol
     return tuple(out)
 
 
-STORE_HOST_RANK = 0  # a live job's store is served from rank 0's process (env:// rendezvous): it cannot leave
-
-
-def live_refusal(change: WorldChange, rollout_tp: int, new_rollout_tp: int) -> str | None:
-    """Why a change the planner accepts cannot run live yet, or None: rank 0 leaving, or a survivor's vLLM engine
-    whose tp or tp rank would change (an engine keeps its tp shard across the change; a leave takes whole TP groups'
-    worth of consecutive ranks)."""
+def live_refusal(change: WorldChange, rollout_tp: int, new_rollout_tp: int,
+                 store_rank: int | None = None) -> str | None:
+    """Why a change the planner accepts cannot run live yet, or None: the rank that serves the job's store leaving
+    (`store_rank`: launch.host.store_host_rank; None where a launcher serves it), or a survivor's vLLM engine whose tp
+    or tp rank would change (an engine keeps its tp shard across the change; a leave takes whole TP groups' worth of
+    consecutive ranks)."""
     what = change.describe()
-    if STORE_HOST_RANK in change.leaving:
-        return (f"{what}: rank {STORE_HOST_RANK} serves the job's store and writes its metrics, so it cannot leave "
-                f"(yet); any other rank can.")
+    if store_rank is not None and store_rank in change.leaving:
+        return (f"{what}: rank {store_rank} serves the job's store (env:// rendezvous under a launcher without an "
+                f"agent store), so it cannot leave; any other rank can (python -m rlhf_dyna's launcher and torchrun's "
+                f"agent serve the store themselves).")
     if new_rollout_tp != rollout_tp:
         return (f"{what}: the {change.new_world_size} ranks left would generate with rollout tp {new_rollout_tp}, "
                 f"but a live vLLM engine keeps rollout.tp={rollout_tp}; leave a multiple of {rollout_tp} ranks.")

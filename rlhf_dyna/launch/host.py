@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 RANKS_PER_CORE_LIMIT = 4
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"  # "True": env:// makes every rank a client of a launcher's store
 
 
 class LaunchError(RuntimeError):
@@ -21,6 +22,13 @@ def under_torchrun() -> bool:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         return True
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def store_host_rank(launching: bool) -> int | None:
+    """The rank whose process serves the job's TCPStore, or None where a launcher does: python -m rlhf_dyna's
+    (launch/spawn.py; `launching`: asked in it, before it spawns) or torchrun's agent with its agent store. Without
+    one (env:// rendezvous) rank 0 serves it, and cannot leave the job while it runs."""
+    return None if launching or os.environ.get(AGENT_STORE_ENV) == str(True) else 0
 
 
 def visible_gpu_count() -> int:

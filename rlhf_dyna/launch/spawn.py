@@ -2,7 +2,9 @@
 
 One failing rank or a signal to the launcher stops every rank (whole process groups), shows the failing rank's
 error (the first one recorded, launch/failure.py) and removes the run's `/dev/shm` segments. What reaches the console
-is decided in launch/output.py and tracking/console_view.py."""
+is decided in launch/output.py and tracking/console_view.py: the lines of rank 0, which is the lowest-numbered
+process still running (after rank 0 leaves the job, the first survivor is rank 0). The job's TCPStore is served from
+this process (launch/job_store.py), as torchrun's agent serves its agent store, so any rank may leave the job."""
 from __future__ import annotations
 
 import os
@@ -21,7 +23,7 @@ from rlhf_dyna.tracking.console_view import ConsoleView
 from .devices import cuda_initialised, forks_ranks
 from .failure import ERROR_FILE_ENV, RankFailure, error_file, first_failure, read_failure
 from .fork import ForkedRank, fork_rank, preload as preload_modules
-from .host import check_capacity, free_port, new_run_ident, usable_cores, visible_gpu_count
+from .host import AGENT_STORE_ENV, check_capacity, free_port, new_run_ident, usable_cores, visible_gpu_count
 from .join_file import RunningJob, mark_finished, write_join_file
 from .output import LAUNCHER_LOG, ROUTED_ENV, log_dir, output_to, pump, rank_log
 from .shm import SHM_DIR, clean_shm_segments
@@ -102,6 +104,7 @@ def _rank_env(rank: int, world_size: int, port: int, run_ident: str, extra: dict
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
         GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), VLLM_DIST_IDENT=run_ident,
         VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONUNBUFFERED="1",
+        **{AGENT_STORE_ENV: str(True)},  # env:// connects every rank to the launcher's store, rank 0 included
     )
     # N ranks share the cores; more threads than that only thrash.
     env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // world_size)))
@@ -226,8 +229,12 @@ def spawn_ranks(
                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                     start_new_session=True,  # own process group: killpg reaches vLLM's and torch's children
                 ))
+        from .job_store import serve_job_store  # torch.distributed: not before a refusal, nor before the forks
+
+        store = serve_job_store(port)  # its server thread starts after the last fork
+        shown = [0]  # the process whose lines the console shows: rank 0, the lowest-numbered one still running
         for rank, proc in enumerate(procs):
-            on_line = view.rank_line if rank == 0 else None
+            on_line = (lambda line, i=rank: view.rank_line(line) if shown[0] == i else None)
             pump_thread = threading.Thread(target=pump, args=(proc.stdout, rank_log(run_dir, rank), on_line), daemon=True)
             pump_thread.start()
             pumps.append(pump_thread)
@@ -243,12 +250,15 @@ def spawn_ranks(
             finished += 1
             if procs[rank].returncode != 0:
                 failed_rank, exit_time = rank, when
+            elif rank == shown[0]:  # rank 0 left the job (or the run ended): its successor is the first still running
+                shown[0] = next((i for i, p in enumerate(procs) if p.poll() is None), rank)
 
         stale = _mapped_shm(group_members({p.pid for p in procs}))
         _stop_groups(procs, grace_s)
         for pump_thread in pumps:
             pump_thread.join(timeout=grace_s)
         clean_shm_segments(run_ident, sorted(stale))
+        del store  # its server stops: a process still asking to join learns that the job has ended
     finally:
         if join_config is not None:
             mark_finished(run_dir)

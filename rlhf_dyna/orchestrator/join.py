@@ -8,7 +8,8 @@ tokenizer, model skeletons on meta, a vLLM engine in a private world of one). At
    (elastic.join_world);
 2. every process releases vLLM's groups and its default group (the old world's, or a joiner's private one; the vLLM
    engines stay) and enters the new default group over `rlhf_dyna/world<generation>`: the old ranks keep their
-   numbers, the joiners come after them;
+   numbers, the joiners come after them (over the groups built in the background during the step before,
+   orchestrator/next_world.py, where the join was known then);
 3. rank 0 broadcasts what the joiners lack (`Handover`): the loop's state (step, prompt sampler, RNGs, task
    position, KL controller), each role's engine settings, buffers and source spec, the change's plan;
 4. the old ranks copy their engines locally onto a mesh over ranks 0..N-1 of the new world (the same layout), and
@@ -29,6 +30,7 @@ from torch.nn import Module
 
 from ..elastic.join_world import Admission, admit, wait_ready
 from ..elastic.membership import NewWorld, WorldChange, world_after
+from ..elastic.world_prebuild import WorldBuild, configured_backend, record_world, world_metrics
 from ..elastic.world_switch import enter_new_world
 from ..parallel_layout import ParallelLayout
 from ..rollout.reform import reform, release_groups
@@ -97,11 +99,11 @@ def take_over(run: Run, h: Handover) -> None:
         run.task.load_state_dict(h.task_state)
 
 
-def spread(runtime, h: Handover, staged: dict, skeletons: dict[str, Module]) -> tuple[dict, ParallelLayout, int, int]:
+def spread(runtime, h: Handover, staged: dict, skeletons: dict[str, Module], layout: ParallelLayout,
+           mesh) -> tuple[dict, int, int]:
     """Collective over the new world: each role's state from `staged` (the old ranks' engines on ranks 0..N-1; {} on
-    a joiner) into empty engines on the new layout over every rank; (role -> engine, layout, bytes moved, rounds)."""
-    layout = h.new.layout.fill(h.new.change.new_world_size)
-    mesh, engines, moved, rounds = build_mesh(layout), {}, 0, 0
+    a joiner) into empty engines on `mesh` of the new layout over every rank; (role -> engine, bytes moved, rounds)."""
+    engines, moved, rounds = {}, 0, 0
     for move in h.new.moves:
         source, plan = staged.get(move.role), h.roles[move.role]
         skeleton = meta_skeleton(source.model) if source is not None else skeletons[move.role]
@@ -109,23 +111,29 @@ def spread(runtime, h: Handover, staged: dict, skeletons: dict[str, Module]) -> 
         stats = move_role_state(source, engines[move.role], plan.src, move.dst, role_catalog(engines[move.role]),
                                 recorder=runtime.recorder, trace_name=h.name)
         moved, rounds = moved + stats.bytes_moved, rounds + stats.rounds
-    return engines, layout, moved, rounds
+    return engines, moved, rounds
 
 
-def grow(runtime, membership: Membership, h: Handover, engines: dict, skeletons: dict[str, Module]) -> dict[str, float]:
-    """Collective over the new world, on old ranks and joiners alike: stage, spread, re-form vLLM, sync; timings."""
+def grow(runtime, membership: Membership, h: Handover, engines: dict, skeletons: dict[str, Module],
+         build: WorldBuild | None) -> dict[str, float]:
+    """Collective over the new world, on old ranks and joiners alike: its meshes (over `build`'s groups where it
+    built them), stage, spread, re-form vLLM, sync; timings."""
     started = time.perf_counter()
-    staged = engines_on(h.old_layout, engines)  # a mesh over ranks 0..N-1 of the new world: the joiners take part
+    layout = h.new.layout.fill(h.new.change.new_world_size)
+    staging, mesh = build_mesh(h.old_layout), build_mesh(layout)  # the first over ranks 0..N-1: joiners take part
+    background = build is not None and build.close()
+    meshed_at = time.perf_counter()
+    staged = engines_on(h.old_layout, engines, staging)
     for role in engines:
         setattr(runtime, role, None)  # the old world's engine: its state is staged now
-    grown, layout, moved, rounds = spread(runtime, h, staged, skeletons)
+    grown, moved, rounds = spread(runtime, h, staged, skeletons, layout, mesh)
     moved_at = time.perf_counter()
     reform(runtime.rollout, dist.get_rank(), dist.get_world_size())  # the same engine, in a larger DP group
     runtime.enter_world(layout, grown)
     runtime.sync_weights()
     membership.placement, membership.joiners_before = h.new.placement, h.joiners_before
-    return {"move_seconds": moved_at - started, "rollout_seconds": time.perf_counter() - moved_at,
-            "bytes_moved": float(moved), "rounds": float(rounds)}
+    return {"meshes_seconds": meshed_at - started, "background": float(background),
+            "move_seconds": moved_at - meshed_at, "rollout_seconds": time.perf_counter() - moved_at, "bytes_moved": float(moved), "rounds": float(rounds)}
 
 
 def joined_world(membership: Membership, joining: int) -> NewWorld:
@@ -135,43 +143,53 @@ def joined_world(membership: Membership, joining: int) -> NewWorld:
 
 
 def admit_joiners(runtime, membership: Membership, joiners: list[str], step: int, name: str,
-                  scripted: bool = True) -> dict[str, float]:
+                  scripted: bool = True, build: WorldBuild | None = None) -> dict[str, float]:
     """Collective over the old world: the processes `joiners` (elastic.join_world names) enter after step `step`;
     the change's metrics (elastic/join/*), on the ranks of the new world. `scripted`: an elastic.events join (its
-    joiners count in membership.joiners_before), else elastic.join=RUN_DIR requests."""
+    joiners count in membership.joiners_before), else elastic.join=RUN_DIR requests. `build`: the new world's groups,
+    built in the background where the join was known a step ahead."""
     started, rank, world, joining = time.perf_counter(), dist.get_rank(), dist.get_world_size(), len(joiners)
     new = joined_world(membership, joining)  # a scripted join was checked before spawn, a request by rank 0
-    waited, built = wait_ready(membership.store, joiners)
+    waited, prepared = wait_ready(membership.store, joiners)
     membership.joiners_before += joining if scripted else 0
     h = handover(runtime, membership, new, step, name) if rank == 0 else None
     membership.generation += 1
     if rank == 0:
         for i, joiner in enumerate(joiners):
             admit(membership.store, joiner, Admission(membership.generation, world + i, world + joining, step))
-    backend = dist.get_backend()
+    backend = configured_backend()
     release_groups()  # vLLM's groups and the old default group; the engines stay
-    enter_new_world(membership.store, membership.generation, rank, world + joining, backend)
+    entering, entering_wall = time.perf_counter(), time.time()
+    enter_new_world(membership.store, membership.generation, rank, world + joining, backend, build)
     entered_at = time.perf_counter()
     engines = {move.role: getattr(runtime, move.role) for move in new.moves}
-    timings = grow(runtime, membership, shared(h), engines, {})
+    h = shared(h)
+    handed_at = time.perf_counter()
+    timings = grow(runtime, membership, h, engines, {}, build)
     done = time.perf_counter()
+    boundary = entered_at - entering + timings.pop("meshes_seconds")
+    background = build if timings.pop("background") else None
+    record_world(runtime.recorder, name, background, entering_wall, boundary)
     if rank == 0:
         print(f"rlhf_dyna: {name}: {new.change.describe()}; moved {timings['bytes_moved'] / 2**20:,.2f} MiB in "
               f"{timings['rounds']:.0f} rounds; training layout {runtime.layout.describe()}, {done - started:.2f} s "
-              f"(waited {waited:.2f} s for the joiners, who prepared in {built:.2f} s)", flush=True)
-    return {"elastic/join/seconds": done - started, "elastic/join/build_seconds": built,
-            "elastic/join/wait_seconds": waited, "elastic/join/world_seconds": entered_at - started - waited,
+              f"(waited {waited:.2f} s for the joiners, who prepared in {prepared:.2f} s; the new world's groups "
+              f"{'built in the background' if background else 'built here'}, {boundary:.3f} s here)", flush=True)
+    return {"elastic/join/seconds": done - started, "elastic/join/prepare_seconds": prepared,
+            "elastic/join/ready_wait_seconds": waited, "elastic/join/handover_seconds": handed_at - entered_at,
+            **world_metrics("join", background, boundary),
             **{f"elastic/join/{key}": value for key, value in timings.items()}}
 
 
 def enter_as_joiner(runtime, membership: Membership, admission: Admission, skeletons: dict[str, Module]) -> Handover:
     """A joiner at its boundary: leave the private world, enter the new one, take the loop's state and its share of
     every role (collective with the old world's `admit_joiners`)."""
-    backend = dist.get_backend()
+    backend, build = configured_backend(), membership.build
+    membership.build = None
     release_groups()  # the private world's vLLM groups and default group; the engine stays
     membership.generation = admission.generation
-    enter_new_world(membership.store, admission.generation, admission.rank, admission.world_size, backend)
+    enter_new_world(membership.store, admission.generation, admission.rank, admission.world_size, backend, build)
     h = shared(None)
     take_over(runtime.run, h)
-    grow(runtime, membership, h, {}, skeletons)
+    grow(runtime, membership, h, {}, skeletons, build)
     return h

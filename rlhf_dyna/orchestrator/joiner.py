@@ -8,7 +8,7 @@ the new world there (orchestrator/join.py) and runs the remaining steps as any r
 A process that asks (`elastic.join`) runs with the job's resolved config, registers on the job's store once prepared,
 and rank 0 admits it at the next step boundary (after the scripted changes and the SIGTERM leaves of that boundary).
 
-Preparation (`elastic/join/build_seconds`): the tokenizer and task, the model skeletons on meta of the roles it will
+Preparation (`elastic/join/prepare_seconds`): the tokenizer and task, the model skeletons on meta of the roles it will
 hold, and its vLLM engine inside a private world of one (a default group over its own prefix of the job's store;
 opened with dummy weights from the model's config: the first weight sync in the new world writes every weight).
 """
@@ -26,6 +26,7 @@ from ..elastic.events import Event, joiner_slots
 from ..elastic.join_world import (Admission, NotAdmitted, announce_ready, enter_private_world, job_client_store,
                                   joiner_name, request_name, wait_admission)
 from ..elastic.sigterm import LeaveOnSigterm
+from ..elastic.world_prebuild import build_of_payload
 from ..launch import DistInfo
 from ..launch.devices import rank_device, world_backend
 from ..launch.rank import use_device
@@ -36,6 +37,7 @@ from .build import DTYPES
 from .join import enter_as_joiner
 from .live_world import Membership
 from .loop import run_steps
+from .next_world import prepare_next_world
 from .run import Run, make_run
 from .runtimes.colocate import ColocateRuntime
 from .world_changes import changes_before_step
@@ -59,8 +61,11 @@ def run_joiner(cfg: Config, out_dir: Path, index: int | None) -> None:
     announce_ready(store, name, built)
     print(f"rlhf_dyna: {name} (pid {os.getpid()}) prepared in {built:.2f} s; waiting for "
           f"{event.text if event is not None else 'the next step boundary'}", flush=True)
+    def build(plan: dict) -> None:  # the world it enters, posted a step ahead: its groups built while it waits
+        membership.build = build_of_payload(plan)
+
     try:
-        admission = wait_admission(store, name)
+        admission = wait_admission(store, name, build)
     except NotAdmitted:
         runtime.close(failed=False)  # vLLM's own shutdown in the private world, before that world goes at exit
         raise
@@ -72,8 +77,8 @@ def run_joiner(cfg: Config, out_dir: Path, index: int | None) -> None:
 
 def enter(runtime: ColocateRuntime, membership: Membership, admission: Admission, models: dict,
           event: Event | None) -> None:
-    """The joiner's set-up: its entry at its event, then the rest of that boundary as the old ranks run it (nothing
-    is left after a request: requests come last)."""
+    """The joiner's set-up: its entry at its event, then the rest of that boundary as the old ranks run it (after a
+    request, which comes last, only the next boundary's preparation)."""
     enter_as_joiner(runtime, membership, admission, models)
     if runtime.cfg.elastic.leave_on_sigterm:
         membership.sigterm = LeaveOnSigterm().install()
@@ -81,6 +86,8 @@ def enter(runtime: ColocateRuntime, membership: Membership, admission: Admission
     if event is not None:
         position = next(i for i, e in enumerate(membership.due_before(step)) if e is event)
         changes_before_step(runtime, membership, step, first=position + 1)
+    else:
+        prepare_next_world(runtime, membership, step)
     membership.entered_before = step
     runtime.begin()
 

@@ -9,8 +9,10 @@ S, then the ranks that received SIGTERM under elastic.leave_on_sigterm=true, agr
    and AdamW state move into it by VPS plan over the old world (transition.role_move: the leaving ranks send);
 3. vLLM's process groups and the old default group are destroyed (rollout.reform: the engines stay); the leaving
    ranks stop (LeftWorld, exit code 0); the survivors join a new default group over a fresh prefix of the job's store
-   (elastic.world_switch), copy their shards into engines on the new world's mesh, re-form their vLLM engines' groups
-   and data-parallel places over the new world (one replica fewer per leaving rank) and sync the weights into them.
+   (elastic.world_switch: over the groups built in the background during the step before, orchestrator/next_world.py,
+   where the change was known then), copy their shards into engines on the new world's mesh, re-form their vLLM
+   engines' groups and data-parallel places over the new world (one replica fewer per leaving rank) and sync the
+   weights into them.
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ import time
 import torch.distributed as dist
 
 from ..elastic.membership import MembershipError, NewWorld, WorldChange, live_refusal, world_after
+from ..elastic.world_prebuild import WorldBuild, configured_backend, record_world, world_metrics
 from ..elastic.world_switch import enter_new_world
+from ..launch.host import store_host_rank
 from ..launch.shm import clean_shm_segments
 from ..parallel_layout import ParallelLayout
 from ..rollout.reform import reform, release_groups
@@ -38,16 +42,21 @@ class LeftWorld(Exception):
 def planned_world(membership: Membership, leaving: tuple[int, ...], name: str) -> NewWorld | None:
     """The world after `leaving` leave, or None (with a message on rank 0 and the leaving ranks) where it cannot be."""
     try:
-        change = WorldChange(dist.get_world_size(), leaving)
-        new = world_after(membership.placement, membership.preferred, membership.rollout_tp, membership.batch, change)
-        why = live_refusal(change, membership.rollout_tp, new.rollout_tp)
-        if why is not None:
-            raise MembershipError(why)
-        return new
+        return left_world(membership, leaving)
     except MembershipError as err:
         if dist.get_rank() == 0 or dist.get_rank() in leaving:
             print(f"rlhf_dyna: {name} refused, the run goes on with {dist.get_world_size()} ranks: {err}", flush=True)
         return None
+
+
+def left_world(membership: Membership, leaving: tuple[int, ...]) -> NewWorld:
+    """The world after `leaving` leave the current one (MembershipError: it cannot be, or not live)."""
+    change = WorldChange(dist.get_world_size(), leaving)
+    new = world_after(membership.placement, membership.preferred, membership.rollout_tp, membership.batch, change)
+    why = live_refusal(change, membership.rollout_tp, new.rollout_tp, store_host_rank(launching=False))
+    if why is not None:
+        raise MembershipError(why)
+    return new
 
 
 def send_state(runtime, new: NewWorld, layout: ParallelLayout, name: str) -> tuple[dict, int, int]:
@@ -67,24 +76,27 @@ def send_state(runtime, new: NewWorld, layout: ParallelLayout, name: str) -> tup
     return staged, moved, rounds
 
 
-def engines_on(layout: ParallelLayout, staged: dict) -> dict:
-    """The staged engines (on the survivors' mesh of the old world) copied, shard for shard, onto the new world's."""
-    mesh, engines = build_mesh(layout), {}
+def engines_on(layout: ParallelLayout, staged: dict, mesh) -> dict:
+    """The staged engines (on the survivors' mesh of the old world) copied, shard for shard, onto the new world's
+    `mesh` of `layout`."""
+    engines = {}
     for role, engine in staged.items():
         engines[role] = empty_engine_like(engine, layout, mesh, meta_skeleton(engine.model))
         copy_state_locally(engine, engines[role])
     return engines
 
 
-def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name: str) -> dict[str, float]:
+def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name: str,
+                 build: WorldBuild | None = None) -> dict[str, float]:
     """Collective over the old world: `leaving` (ranks of the current world) leave. On the survivors: the change's
-    metrics (an empty dict where it was refused); on the leaving ranks: raises LeftWorld once their state is sent."""
+    metrics (an empty dict where it was refused); on the leaving ranks: raises LeftWorld once their state is sent.
+    `build`: the new world's groups, built in the background where the change was known a step ahead."""
     rank, started = dist.get_rank(), time.perf_counter()
     new = planned_world(membership, leaving, name)
     if new is None:
         return {}
     layout = new.layout.fill(new.change.new_world_size)
-    store, backend = membership.store, dist.get_backend()
+    store, backend = membership.store, configured_backend()
     staged, moved, rounds = send_state(runtime, new, layout, name)
     moved_at = time.perf_counter()
     release_groups()  # vLLM's groups and the old default group; the engines stay
@@ -94,20 +106,28 @@ def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name
         raise LeftWorld(f"{name}: rank {rank} left the job after sending its state ({moved / 2**20:,.2f} MiB moved "
                         f"in {rounds} rounds, {moved_at - started:.2f} s); the run goes on with "
                         f"{new.change.new_world_size} ranks")
-    released_at = time.perf_counter()
+    released_at, released_wall = time.perf_counter(), time.time()
     membership.generation += 1
-    enter_new_world(store, membership.generation, new.change.renumbering()[rank], new.change.new_world_size, backend)
-    engines = engines_on(layout, staged)
+    enter_new_world(store, membership.generation, new.change.renumbering()[rank], new.change.new_world_size, backend,
+                    build)
+    mesh = build_mesh(layout)
+    background = build is not None and build.close()
     built_at = time.perf_counter()
+    engines = engines_on(layout, staged, mesh)
+    copied_at = time.perf_counter()
     reform(runtime.rollout, dist.get_rank(), dist.get_world_size())  # the same engine, in a smaller DP group
     runtime.enter_world(layout, engines)
     runtime.sync_weights()
     membership.placement = new.placement
+    if dist.get_rank() == 0 and runtime.run.tracker is None:
+        runtime.run.open_tracker()  # rank 0 has left: its successor writes the run's metrics from here on
     done = time.perf_counter()
+    record_world(runtime.recorder, name, build if background else None, released_wall, built_at - released_at)
     if dist.get_rank() == 0:
         print(f"rlhf_dyna: {name}: {new.change.describe()}; moved {moved / 2**20:,.2f} MiB in {rounds} rounds; "
               f"training layout {layout.describe()}, {done - started:.2f} s", flush=True)
     return {"elastic/leave/seconds": done - started, "elastic/leave/bytes_moved": float(moved),
             "elastic/leave/rounds": float(rounds), "elastic/leave/move_seconds": moved_at - started,
-            "elastic/leave/build_seconds": built_at - released_at,
-            "elastic/leave/rollout_seconds": released_at - moved_at + done - built_at}
+            "elastic/leave/copy_seconds": copied_at - built_at,
+            "elastic/leave/rollout_seconds": released_at - moved_at + done - copied_at,
+            **world_metrics("leave", build if background else None, built_at - released_at)}

@@ -13,6 +13,7 @@ from ..elastic.membership import GlobalBatch
 from ..elastic.placement import Placement
 from ..elastic.policies import make_placement
 from ..elastic.sigterm import LeaveOnSigterm
+from ..elastic.world_prebuild import WorldBuild
 from ..parallel_layout import ParallelLayout
 from .membership import global_batch
 from .placements import placement_request
@@ -31,7 +32,10 @@ class Membership:
     joiners_before: int = 0  # joiner processes of the events already done (the next join's first joiner index)
     entered_before: int | None = None  # a joiner: the step whose boundary it finished inside its entry
     accepts_requests: bool = False  # elastic.accept_joins as resolved before spawn: look for elastic.join requests
-    requests_seen: int = 0  # rank 0: elastic.join requests admitted or refused so far
+    requests_seen: int = 0  # elastic.join requests admitted or refused so far (rank 0 reads them, every rank counts)
+    agreed: list[str] = field(default_factory=list)  # elastic.join requests agreed on at the step's start
+    build: WorldBuild | None = None  # the next boundary's first world, building in the background
+    build_for: str | None = None  # the change it was planned for: an event's text, or "requests"
 
     @classmethod
     def of(cls, cfg: Config, store: dist.Store, sigterm: bool = True) -> Membership | None:
@@ -45,6 +49,19 @@ class Membership:
                    parse_events(list(e.events), cfg.trainer.total_steps),
                    LeaveOnSigterm().install() if e.leave_on_sigterm and sigterm else None,
                    accepts_requests=bool(e.accept_joins))
+
+    def take_build(self, change: str) -> WorldBuild | None:
+        """The background build planned for `change` (it is happening now), or None."""
+        if self.build_for != change:
+            return None
+        build, self.build, self.build_for = self.build, None, None
+        return build
+
+    def drop_build(self) -> None:
+        """A build no change of the boundary took (a change refused at the boundary): its groups go."""
+        if self.build is not None:
+            self.build.close()
+        self.build, self.build_for = None, None
 
     def due_before(self, step: int) -> list[Event]:
         """The scripted changes after step - 1 (before `step`), in the order given."""

@@ -11,8 +11,7 @@ new world needs vLLM's groups re-made on the new default group and the config's 
 """
 from __future__ import annotations
 
-import torch.distributed as dist
-
+from ..elastic.world_prebuild import configured_backend
 from .vllm_engine import VLLMRollout
 
 
@@ -36,8 +35,8 @@ def reform(rollout: VLLMRollout, rank: int, world_size: int) -> None:
     parallel.data_parallel_size = world_size // rollout.tp
     parallel.data_parallel_rank = parallel.data_parallel_index = rank // rollout.tp
     with set_current_vllm_config(config):
-        init_worker_distributed_environment(config, rank, "env://", backend=dist.get_backend())
-    # vLLM decides this once, at start: an engine started in a world of one (a joiner's) must now agree with its replicas
+        init_worker_distributed_environment(config, rank, "env://", backend=configured_backend())
+    # vLLM decides this once, at start: an engine started in a world of one (a joiner's) must agree with its replicas
     engine.external_launcher_dp = parallel.data_parallel_size > 1
     engine.dp_group = parallel_state.get_dp_group().cpu_group if engine.external_launcher_dp else None
     rollout.dp_size, rollout.dp_rank = parallel.data_parallel_size, parallel.data_parallel_rank

@@ -26,6 +26,7 @@ STEP_PHASES = (
 )
 COLORS = {"generate": "tab:green", "prepare": "tab:orange", "train_actor": "tab:blue", "train_critic": "tab:purple"}
 TRANSITION_COLOR = "tab:red"
+BACKGROUND_COLOR = "tab:gray"  # a new world's groups built on a thread while the step runs (elastic/world_prebuild.py)
 
 
 def record_phase(recorder, phase: str, step: int, wall: float, seconds: float, roles: str) -> None:
@@ -59,7 +60,8 @@ def write_run_trace(recorder, out_dir: Path, title: str) -> None:
 
 
 def write_timeline_png(events: Iterable, path: str | Path, title: str = "rlhf_dyna timeline") -> Path:
-    """One row per rank: phases as coloured bars, transition rounds in red on top."""
+    """One row per rank: phases as coloured bars, transition rounds in red on top, background builds of a new world
+    (events with the arg background=1) as a thin grey bar above them."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on ranks or CI
@@ -76,13 +78,17 @@ def write_timeline_png(events: Iterable, path: str | Path, title: str = "rlhf_dy
             if is_phase(e.name):
                 phase = e.name[len(PHASE_PREFIX):]
                 ax.broken_barh([(e.start_s - origin, e.duration_s)], (row - 0.4, 0.8), color=COLORS.get(phase, "grey"))
-        transitions = [(e.start_s - origin, e.duration_s) for e in mine if not is_phase(e.name)]
+        background = [e for e in mine if not is_phase(e.name) and e.args.get("background") == 1]
+        transitions = [(e.start_s - origin, e.duration_s) for e in mine if not is_phase(e.name) and e not in background]
         ax.broken_barh(transitions, (row - 0.15, 0.3), color=TRANSITION_COLOR)
+        ax.broken_barh([(e.start_s - origin, e.duration_s) for e in background], (row + 0.2, 0.12),
+                       color=BACKGROUND_COLOR)
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     ax.set_xlabel("seconds since the first event")
     ax.set_title(title)
     legend = [Patch(color=c, label=p.replace("_", " ")) for p, c in COLORS.items()]
-    ax.legend(handles=[*legend, Patch(color=TRANSITION_COLOR, label="transition")], loc="upper center", ncol=5,
+    ax.legend(handles=[*legend, Patch(color=TRANSITION_COLOR, label="transition"),
+                       Patch(color=BACKGROUND_COLOR, label="new world, background")], loc="upper center", ncol=6,
               fontsize="small", bbox_to_anchor=(0.5, -0.25))
     fig.tight_layout()
     path = Path(path)

@@ -1,5 +1,6 @@
 """Markdown tables of docs/elastic.md from its committed JSON (scripts/docs_tables.py writes them between markers):
-membership planning time, the dry run's membership changes, and the torchft probe."""
+membership planning time, the dry run's membership changes, the torchft probe, and a live leave and join against
+checkpoint-and-restart (scripts/bench_elastic.py)."""
 from __future__ import annotations
 
 import json
@@ -54,6 +55,50 @@ def torchft_probe(bench: Path) -> str:
                          f"{r['seconds']:.3f} |")
     return "\n".join(lines) + (f"\n\nData: `bench/probe_torchft.json` ({report['date']}, {report['machine']}, "
                                f"torch {report['torch']}, torchft {report['torchft']}).")
+
+
+def bench_elastic(bench: Path) -> str:
+    report = read(bench, "bench_elastic.json")
+    leave, join = report["leave"], report["join"]
+    mib = 2**20
+
+    def hidden(c: dict) -> str:
+        where = "" if c["background"] else ", built at the boundary"
+        return f"{1e3 * c['wait_seconds']:.2f} ms ({100 * c['wait_seconds'] / c['build_seconds']:.1f}% of the build{where})"
+
+    rows = [
+        ("the new world's groups built (`build_seconds`: every rendezvous and connect, on a thread during step 2)",
+         f"{leave['build_seconds']:.3f}", f"{join['build_seconds']:.3f}"),
+        ("... what the boundary waited for that build (`wait_seconds`; target: at most 10% of the build)",
+         hidden(leave), hidden(join)),
+        ("... the boundary's time on the world's groups and meshes in all (`world_seconds`: the wait, then torch "
+         "taking the groups into the default group and the meshes)", f"{leave['world_seconds']:.3f}",
+         f"{join['world_seconds']:.3f}"),
+        ("the joiner's preparation (`prepare_seconds`: from its launch, off the path) / the wait for it", "",
+         f"{join['prepare_seconds']:.1f} / {join['ready_wait_seconds']:.3f}"),
+        ("the state moved (leave: over the old world; join: staged and spread)",
+         f"{leave['move_seconds']:.3f} ({leave['bytes_moved'] / mib:.1f} MiB, {leave['rounds']:.0f} rounds)",
+         f"{join['move_seconds']:.3f} ({join['bytes_moved'] / mib:.1f} MiB, {join['rounds']:.0f} rounds)"),
+        ("leave: the engines copied onto the new world's mesh; join: rank 0's handover",
+         f"{leave['copy_seconds']:.3f}", f"{join['handover_seconds']:.3f}"),
+        ("vLLM's groups released and re-formed over the new world, weights synced", f"{leave['rollout_seconds']:.3f}",
+         f"{join['rollout_seconds']:.3f}"),
+        ("the whole change (`elastic/leave/seconds`, `elastic/join/seconds`)", f"{leave['seconds']:.2f}",
+         f"{join['seconds']:.2f}"),
+        ("from the boundary to step 3 done", f"**{leave['boundary_to_first_step_seconds']:.2f}**",
+         f"**{join['boundary_to_first_step_seconds']:.2f}**"),
+        ("checkpoint and restart: relaunch with `trainer.resume` to step 3 done (the save not counted)",
+         f"**{report['restart']['launch_to_first_step_seconds']:.2f}**",
+         f"**{report['join_restart']['launch_to_first_step_seconds']:.2f}**"),
+        ("ratio (target: 0.10)", f"{report['leave_over_restart']:.3f}", f"{report['join_over_restart']:.3f}"),
+    ]
+    lines = [f"| seconds (grpo_tiny, gloo) | leave: {report['change']} | join: {report['join_change']} |",
+             "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in rows)]
+    load = ", ".join(f"{x:.1f}" for x in report["load_average_at_start"])
+    note = f"; {report['note']}" if report.get("note") else ""
+    return "\n".join(lines) + (f"\n\nData: `bench/bench_elastic.json` ({report['date']}, {report['machine']}, load average "
+                               f"{load} at the start{note}): `python scripts/bench_elastic.py --out "
+                               f"docs/bench/bench_elastic.json`.")
 
 
 def short(result: str) -> str:

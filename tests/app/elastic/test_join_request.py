@@ -2,7 +2,8 @@
 within seconds, in one paragraph, where RUN_DIR has no running job or its job has finished.
 
 The job (placement=colocate, 3 gloo ranks) writes RUN_DIR/join.json when its ranks start; the second process reads it,
-prepares with the job's resolved config and asks on the job's store; rank 0 admits it at the next step boundary. Both
+prepares with the job's resolved config and asks on the job's store; at the next step's start the ranks agree on
+it and build the new world's groups with it in the background, and rank 0 admits it at that step's end. Both
 end with exit code 0, no process is left, the world grows 3 -> 4 at one boundary and the join's metrics are logged
 on the first step of the new world; join.json then says the job has finished.
 """
@@ -77,7 +78,8 @@ def test_a_second_terminal_joins_a_running_job_and_late_or_wrong_requests_are_re
     joined_after = sizes.index(4.0)  # the step after which the request was admitted
     assert 1 <= joined_after < STEPS and sizes == [3.0] * joined_after + [4.0] * (STEPS - joined_after), sizes
     change = rows[joined_after + 1]
-    assert change["elastic/join/bytes_moved"] > 0 and change["elastic/join/wait_seconds"] < 1.0
+    assert change["elastic/join/bytes_moved"] > 0 and change["elastic/join/ready_wait_seconds"] < 1.0
+    assert change["elastic/join/background"] == 1.0  # agreed on at the start of the step before: built during it
     assert f"elastic/join/+1@{joined_after}: 1 rank joins (3 -> 4 ranks)" in (run_dir / "logs" / "rank0.log").read_text()
     assert json.loads((run_dir / "join.json").read_text())["finished"]
 

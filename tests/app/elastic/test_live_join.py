@@ -2,7 +2,8 @@
 `elastic.events=[leave:3@3,join@6]`).
 
 The launcher starts the joining process beside the four ranks; it prepares (task, skeletons, a vLLM engine in a private
-world of one) while they train, and enters at the boundary after step 6. For GRPO and for PPO (whose critic moves
+world of one) while they train, builds the new world's groups with them during step 6 (rank 0 posts it the plan), and
+enters at the boundary after step 6. For GRPO and for PPO (whose critic moves
 too) the run ends with exit code 0, leaves no process behind, logs the world size 4, 3, then 4 again and the join's
 metrics, and logs the same per-step losses, grad norms, rewards and eval as a run whose world never changed (relative
 1e-5): steps 7 and 8 train from the state spread over the joiner (parameters and AdamW moments) and generate with its
@@ -63,8 +64,10 @@ def joined(run_dir: Path, *args: str, events: str = EVENTS, between: float = 3.0
     change = rows[7]
     assert change["elastic/join/bytes_moved"] == counted_join_bytes(run_dir) > 0
     assert change["elastic/join/rounds"] >= 1 and change["elastic/join/seconds"] > 0
-    assert change["elastic/join/build_seconds"] > 0
-    assert change["elastic/join/wait_seconds"] < 1.0, "the joiner prepared during steps 1-6, so none should be waited"
+    assert change["elastic/join/prepare_seconds"] > 0
+    assert change["elastic/join/ready_wait_seconds"] < 1.0, "the joiner prepared during steps 1-6: none is waited"
+    assert change["elastic/join/background"] == 1.0, "the join was known a step ahead: its world built during step 6"
+    assert change["elastic/join/wait_seconds"] <= 0.1 * change["elastic/join/build_seconds"], "the build not hidden"
     assert not any(k.startswith("elastic/join/") for r in rows if r["step"] != 7 for k in r)
     log = (run_dir / "logs" / "rank4.log").read_text()  # joiner 0: launched as process 4
     assert "joiner0 (pid" in log and "prepared in" in log and f"joiner0 joins after step 6 as rank {int(between)}" in log
@@ -82,6 +85,7 @@ def test_grpo_a_rank_leaves_and_one_joins_and_nothing_changes_but_the_world(fixe
     trace = json.loads((tmp_path / "joined" / "transition_trace.json").read_text())
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     assert any("elastic/join/+1@6" in str(e.get("name", "")) for e in events), "the join is not on the run's trace"
+    assert {"elastic/join/+1@6/build", "elastic/join/+1@6/world"} <= {e.get("name") for e in events}
 
 
 @pytest.mark.timeout(900)

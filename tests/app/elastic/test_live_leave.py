@@ -1,5 +1,7 @@
 """End to end: ranks leave a live run (placement=colocate, 4 -> 3 gloo ranks) at a step boundary, by schedule
-(`elastic.events=[leave:1@2]`) and by a real `kill -TERM` of one rank's process (elastic.leave_on_sigterm=true).
+(`elastic.events=[leave:1@2]`, rank 0 too: `leave:0@2`) and by a real `kill -TERM` of one rank's process
+(elastic.leave_on_sigterm=true). A scripted leave enters a new world whose groups were built in the background during
+step 2 (`elastic/leave/background` 1, on the trace); a SIGTERM leave, known only at its boundary, builds it there.
 
 The run goes on without a restart, ends with exit code 0, leaves no process behind, logs the world size dropping and
 the change's metrics, and logs the same per-step losses, grad norms, rewards and eval as a run whose world never
@@ -57,6 +59,7 @@ def test_a_scripted_leave_changes_nothing_but_the_world(fixed, tmp_path: Path) -
     assert_same_metrics(fixed, left)
     assert_left_at(left, 2)
     assert "rank 1 left the job after sending its state" in (run_dir / "logs" / "rank1.log").read_text()
+    assert_built_in_background(left[3], run_dir, "elastic/leave/1@2")
 
     dry = run_cli(*ARGS, LEAVE, "dry_run=true", tmp_path=tmp_path / "dry")
     assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
@@ -64,6 +67,31 @@ def test_a_scripted_leave_changes_nothing_but_the_world(fixed, tmp_path: Path) -
                    if r["transition"] == "elastic/leave/1@2")
     assert left[3]["elastic/leave/bytes_moved"] == planned["bytes_min"] == planned["bytes_moved"]
     assert set(planned["roles"]) == {"actor", "reference"}  # kl_coef > 0: the reference's parameters move too
+
+
+def assert_built_in_background(row: dict, run_dir: Path, name: str) -> None:
+    """The new world's groups and meshes were built in the background, and the build is on the run's trace."""
+    assert row["elastic/leave/background"] == 1.0
+    assert row["elastic/leave/wait_seconds"] <= 0.1 * row["elastic/leave/build_seconds"], "the build was not hidden"
+    assert row["elastic/leave/world_seconds"] > row["elastic/leave/wait_seconds"]
+    trace = json.loads((run_dir / "transition_trace.json").read_text())["traceEvents"]
+    assert {f"{name}/build", f"{name}/world"} <= {e["name"] for e in trace}
+
+
+@pytest.mark.timeout(900)
+def test_rank_0_leaves_and_its_successor_writes_the_metrics(fixed, tmp_path: Path) -> None:
+    """The job's store is the launcher's: rank 0 may leave; the old rank 1, now rank 0, logs the steps after it."""
+    run_dir = tmp_path / "rank0"
+    try:
+        left = run(run_dir, *ARGS, "elastic.events=[leave:0@2]")
+    finally:
+        kill_marked(run_dir)
+    assert not marked_processes(str(run_dir))
+    assert_same_metrics(fixed, left)
+    assert_left_at(left, 2)
+    assert "rank 0 left the job after sending its state" in (run_dir / "logs" / "rank0.log").read_text()
+    assert "elastic/leave/0@2: rank 0 leaves (4 -> 3 ranks)" in (run_dir / "logs" / "rank1.log").read_text()
+    assert_built_in_background(left[3], run_dir, "elastic/leave/0@2")
 
 
 @pytest.mark.timeout(900)
@@ -129,6 +157,10 @@ def test_a_rank_that_receives_sigterm_leaves_at_the_next_boundary(fixed, tmp_pat
     left_after = next(r["step"] for r in rows[1:] if r["elastic/world_size"] == 3.0) - 1
     assert left_after in (1, 2, 3)
     assert_left_at(rows, left_after)
+    change = rows[left_after + 1]  # known only at its boundary: built there
+    assert change["elastic/leave/background"] == 0.0
+    assert change["elastic/leave/wait_seconds"] == change["elastic/leave/build_seconds"] == \
+        change["elastic/leave/world_seconds"] > 0
     assert_same_metrics(fixed, rows)
     assert f"elastic/leave/2@{left_after}: rank 2 left the job" in (run_dir / "logs" / "rank2.log").read_text()
 

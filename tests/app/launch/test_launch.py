@@ -103,6 +103,22 @@ def test_first_recorded_failure_is_shown_last(tmp_path: Path, capfd: pytest.Capt
 
 @pytest.mark.timeout(60)
 @START
+def test_the_store_outlives_rank_0_and_the_console_follows_its_successor(tmp_path: Path,
+                                                                         capfd: pytest.CaptureFixture[str], entry: str,
+                                                                         preload: tuple[str, ...]) -> None:
+    """The launcher serves the job's store, so rank 0 may exit first (an elastic leave); the console shows rank 0's
+    lines, then those of the lowest-numbered process still running."""
+    code = spawn_ranks(2, entry, ["rank0_leaves", str(tmp_path)], tmp_path / "run", preload=preload,
+                       env={"PYTHONPATH": str(REPO_ROOT)}, console="plain")
+    out = capfd.readouterr().out
+    assert code == 0, out
+    assert "rlhf_dyna: rank 0 speaks before rank 0 leaves" in out
+    assert "rank 1 speaks before" not in out, "rank 1's lines reach the console only once it is the first running"
+    assert "rlhf_dyna: rank 1 speaks after rank 0 left; the job's store says still served" in out
+
+
+@pytest.mark.timeout(60)
+@START
 @pytest.mark.parametrize("sig, expected", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_to_launcher_stops_all(tmp_path: Path, sig: signal.Signals, expected: int, entry: str,
                                       preload: tuple[str, ...]) -> None:

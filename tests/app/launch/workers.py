@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rlhf_dyna.elastic.join_world import job_client_store
 from rlhf_dyna.errors import ConfigError
 from rlhf_dyna.launch import SHM_DIR, init_distributed, record_failure, shutdown_distributed, under_torchrun
 
@@ -97,6 +98,26 @@ def cuda_state(out_dir: Path) -> None:
         inherited_cuda_state=bool(torch.cuda._initialized), forked=hasattr(torch, "_launch_test_mark"))))
 
 
+def rank0_leaves(out_dir: Path) -> None:
+    """Rank 0 leaves the job (its process exits 0) while rank 1 goes on: once rank 0's process is gone, rank 1 uses
+    the job's store (the launcher serves it) and prints a line of rlhf_dyna's own, for the console to show."""
+    info = init_distributed()
+    print(f"rlhf_dyna: rank {info.rank} speaks before rank 0 leaves", flush=True)
+    (out_dir / f"rank{info.rank}.pids").write_text(str(os.getpid()))
+    dist.barrier()
+    shutdown_distributed()
+    if info.rank == 0:
+        return
+    rank0 = int((out_dir / "rank0.pids").read_text())
+    while Path(f"/proc/{rank0}").exists():  # until the launcher has reaped it
+        time.sleep(0.05)
+    time.sleep(0.5)  # the launcher's loop takes the exit from its queue
+    store = job_client_store()
+    store.set("after_rank0", "still served")
+    print(f"rlhf_dyna: rank 1 speaks after rank 0 left; the job's store says {store.get('after_rank0').decode()}",
+          flush=True)
+
+
 def kill_self(out_dir: Path) -> None:
     print("printed before the kill", flush=True)
     os.kill(os.getpid(), 9)
@@ -105,5 +126,5 @@ def kill_self(out_dir: Path) -> None:
 if __name__ == "__main__":
     mode, out = sys.argv[1:]
     modes = {"all_reduce": all_reduce, "crash": crash, "config_error": config_error, "hang": hang, "exit_3": exit_3,
-             "exit_text": exit_text, "kill_self": kill_self, "cuda_state": cuda_state}
+             "exit_text": exit_text, "kill_self": kill_self, "cuda_state": cuda_state, "rank0_leaves": rank0_leaves}
     modes[mode](Path(out))

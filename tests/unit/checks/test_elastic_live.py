@@ -24,6 +24,17 @@ def test_a_colocated_dp_only_run_may_lose_ranks_live():
     check_elastic(config([], elastic__leave_on_sigterm=True))
 
 
+def test_rank_0_may_leave_where_a_launcher_serves_the_store(monkeypatch):
+    """python -m rlhf_dyna's launcher serves the job's store, and torchrun's agent with its agent store; under torchrun
+    without one, rank 0's process serves it and may not leave."""
+    check_elastic(config(["leave:0@2"]))
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    check_elastic(config(["leave:0@2"]), under_torchrun=True)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    with pytest.raises(ConfigError, match=r"leave:0@2 \(rank 0 leaves \(4 -> 3 ranks\): rank 0 serves the job's store"):
+        check_elastic(config(["leave:0@2"]), under_torchrun=True)
+
+
 def test_ranks_may_join_a_colocated_run_live_but_not_under_torchrun():
     check_elastic(config(["leave:3@2", "join@3"]))
     check_elastic(config(["join@2", "leave:1-2@3", "join:2@4"], parallel__world_size=2))
@@ -36,7 +47,6 @@ def test_ranks_may_join_a_colocated_run_live_but_not_under_torchrun():
     (["leave:3@2"], dict(rollout__tp=2), "leave:3@2 (rank 3 leaves (4 -> 3 ranks): the 3 ranks left would generate "
                                          "with rollout tp 1, but a live vLLM engine keeps rollout.tp=2"),
     (["leave:3@2"], dict(trainer__resume="auto"), "trainer.resume=auto"),
-    (["leave:0@2"], {}, "leave:0@2 (rank 0 leaves (4 -> 3 ranks): rank 0 serves the job's store"),
     (["leave:2-3@2", "join:2@3"], dict(rollout__tp=2), "join:2@3 with rollout.tp=2 (a joiner's vLLM engine starts"),
     ([], dict(elastic__leave_on_sigterm=True, placement__policy="lend"), "placement=lend"),
 ])

@@ -130,11 +130,12 @@ def test_rollout_tp_drops_only_where_the_set_requires():
 
 def test_a_live_leave_keeps_every_survivors_vllm_tp_rank():
     """rollout tp 2 on 8 ranks: a pair of consecutive ranks may leave anywhere; one rank, or a pair that moves a
-    survivor to the other half of a TP group, may not; rank 0 never."""
+    survivor to the other half of a TP group, may not; rank 0 only where a launcher serves the store."""
     assert live_refusal(WorldChange(8, (2, 3)), 2, 2) is None
     assert live_refusal(WorldChange(8, (1, 2)), 2, 2) is None  # 3 -> 1, 4 -> 2: each keeps its place (rank mod 2)
     assert "rank 2 would change its place in its vLLM TP group" in live_refusal(WorldChange(8, (1,)), 2, 2)
     assert "would generate with rollout tp 1, but a live vLLM engine keeps rollout.tp=2" in \
         live_refusal(WorldChange(8, (5,)), 2, 1)
-    assert "rank 0 serves the job's store" in live_refusal(WorldChange(8, (0, 1)), 2, 2)
+    assert "rank 0 serves the job's store" in live_refusal(WorldChange(8, (0, 1)), 2, 2, store_rank=0)
+    assert live_refusal(WorldChange(8, (0, 1)), 2, 2) is None  # a launcher serves the store: rank 0 may leave
     assert live_refusal(WorldChange(4, (3,)), 1, 1) is None

@@ -1,0 +1,26 @@
+"""The plan of a world built in the background (elastic/world_prebuild.py): the groups DeviceMesh will create for a
+layout's mesh, and the plan as rank 0 posts it to a joiner. The live side is tests/ranks/elastic/test_world_prebuild.py
+(and the leaves and joins of tests/app/elastic)."""
+from __future__ import annotations
+
+from rlhf_dyna.elastic.world_prebuild import WorldPlan, mesh_groups, plan_payload
+from rlhf_dyna.parallel_layout import ParallelLayout
+
+
+def test_mesh_groups_are_each_dimensions_ranks_and_skip_what_spans_the_world():
+    assert mesh_groups([ParallelLayout(dp=4, tp=1)], 4) == ((0,), (1,), (2,), (3,))  # dp: the default group
+    assert mesh_groups([ParallelLayout(dp=2, tp=2)], 4) == ((0, 2), (1, 3), (0, 1), (2, 3))
+    assert mesh_groups([ParallelLayout(dp=2, tp=2, tp_outer=True)], 4) == ((0, 1), (2, 3), (0, 2), (1, 3))
+    assert mesh_groups([ParallelLayout(dp=1, tp=2, first_rank=2)], 4) == ((2,), (3,), (2, 3))
+
+
+def test_a_join_plans_the_staging_mesh_over_the_old_ranks_then_the_new_layout():
+    """dp1 x tp2 over ranks 0-1 of the new world of 4, then dp2 x tp2 over all: [0, 1] is planned twice."""
+    groups = mesh_groups([ParallelLayout(dp=1, tp=2), ParallelLayout(dp=2, tp=2)], 4)
+    assert groups == ((0,), (1,), (0, 1), (0, 2), (1, 3), (0, 1), (2, 3))
+
+
+def test_the_posted_plan_names_the_joiners_rank():
+    plan = WorldPlan(3, 4, ((0, 2), (1, 3)), step=5)
+    assert plan_payload(plan, 3) == {"generation": 3, "world_size": 4, "groups": [[0, 2], [1, 3]], "step": 5,
+                                     "rank": 3}
