@@ -35,7 +35,7 @@ from pathlib import Path
 RUN = [  # 12 prompts x 4 samples: 48 rows split over dp 4 and 3, the prompts over 4 and 3 rollout replicas
     "recipe=grpo_tiny", "trainer.sft_warmup_steps=30", "trainer.sft_batch_size=16", "trainer.precision=fp32",
     "task.prompts_per_step=12", "rollout.n=4", "task.partial_credit=true", "task.eval_size=12", "task.eval_every=100",
-    "algorithm.mini_batches=2", "algorithm.micro_batch_size=4", "algorithm.kl_coef=0.02", "trainer.save_last=false",
+    "algorithm.mini_batches=2", "algorithm.kl_coef=0.02", "trainer.save_last=false",
     "trainer.export_policy=false", "tracking.wandb_mode=disabled", "trainer.total_steps=4",
 ]
 BREAKDOWN = ("move_seconds", "build_seconds", "wait_seconds", "world_seconds", "background", "copy_seconds",
