@@ -15,11 +15,23 @@ from ..elastic.world_prebuild import configured_backend
 from .vllm_engine import VLLMRollout
 
 
+RETIRED_KEPT = 64  # old worlds' groups kept alive at most (each holds its sockets and worker threads)
+_retired: list = []  # vLLM's groups of old worlds, deregistered but not yet freed
+
+
 def release_groups() -> None:
-    """Destroy vLLM's process groups and the default group under them (no collective), keeping the engine."""
+    """Destroy vLLM's process groups and the default group under them (no collective), keeping the engine. The old
+    groups leave torch's registry at once; their objects are freed only once RETIRED_KEPT are held, because freeing
+    a used gloo group blocks for ~20 ms and vLLM holds a dozen (the change would wait for it)."""
     from vllm.distributed import parallel_state  # deferred, as in vllm_engine: importing vLLM costs seconds
+    for ref in parallel_state._groups.values():
+        coordinator = ref()
+        if coordinator is not None:
+            _retired.extend(g for g in (getattr(coordinator, "device_group", None),
+                                        getattr(coordinator, "cpu_group", None)) if g is not None)
     parallel_state.destroy_model_parallel()
     parallel_state.destroy_distributed_environment()
+    del _retired[:max(0, len(_retired) - RETIRED_KEPT)]
 
 
 def reform(rollout: VLLMRollout, rank: int, world_size: int) -> None:
