@@ -17,6 +17,7 @@ S, then the ranks that received SIGTERM under elastic.leave_on_sigterm=true, agr
 from __future__ import annotations
 
 import atexit
+import threading
 import time
 
 import torch.distributed as dist
@@ -31,7 +32,9 @@ from ..rollout.reform import reform, release_groups
 from ..train.mesh import build_mesh
 from ..transition.bind_train import train_spec
 from ..transition.relayout import bind_train_state, empty_engine_like, meta_skeleton
-from ..transition.role_move import copy_state_locally, move_role_state, role_catalog
+from ..transition.role_move import ALL_KINDS, copy_state_locally, move_role_state, role_catalog
+from ..transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
+from ..vps.tensor import Kind
 from .live_world import Membership
 
 
@@ -57,6 +60,24 @@ def left_world(membership: Membership, leaving: tuple[int, ...]) -> NewWorld:
     if why is not None:
         raise MembershipError(why)
     return new
+
+
+def preplan_moves(runtime, new: NewWorld) -> threading.Thread:
+    """Local, at the start of the step before a scripted leave: its moves' VPS plans worked out on a thread (into the
+    planner's cache), so that at the boundary only bytes move. Trained roles move their AdamW state there."""
+    rank, jobs = dist.get_rank(), []
+    for move in new.moves:
+        engine = getattr(runtime, move.role)
+        kinds = ALL_KINDS if engine.optimizer is not None else (Kind.PARAM,)
+        jobs.append((role_catalog(engine), train_spec(bind_train_state(engine)), move.dst, kinds))
+
+    def plan() -> None:
+        for catalog, src_spec, dst_spec, kinds in jobs:
+            planned(catalog, src_spec, catalog, dst_spec, kinds, DEFAULT_BUDGET_BYTES, rank)
+
+    thread = threading.Thread(target=plan, name="rlhf_dyna-leave-plans", daemon=True)
+    thread.start()
+    return thread
 
 
 def send_state(runtime, new: NewWorld, layout: ParallelLayout, name: str) -> tuple[dict, int, int]:

@@ -24,7 +24,7 @@ from ..elastic.world_prebuild import WorldBuild, WorldPlan, mesh_groups, plan_pa
 from ..parallel_layout import ParallelLayout
 from ..transition.transport import world_transport
 from .join import joined_world
-from .leave import left_world
+from .leave import left_world, preplan_moves
 from .live_world import Membership
 
 REQUESTS = "requests"  # Membership.build_for of a build for the agreed elastic.join requests
@@ -41,6 +41,8 @@ def prepare_next_world(runtime, membership: Membership, step: int) -> None:
     if not due and membership.accepts_requests:
         membership.agreed = agreed_requests(membership)
     first = next_change(runtime, membership, due[0] if due else None)
+    if first is not None and due and due[0].leaving:
+        preplan_moves(runtime, left_world(membership, due[0].leaving))
     if first is None or not builds_in_background(world_transport()):
         return
     new_rank, size, layouts, joiners = first
