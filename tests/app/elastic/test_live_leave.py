@@ -168,9 +168,11 @@ def test_a_rank_that_receives_sigterm_leaves_at_the_next_boundary(fixed, tmp_pat
 @pytest.mark.timeout(900)
 def test_a_leave_the_global_batch_does_not_split_over_is_refused_and_the_run_goes_on(tmp_path: Path) -> None:
     run_dir = tmp_path / "refused"
-    args = [a for a in ARGS if not a.startswith(("task.prompts_per_step=", "task.eval_size="))]
-    rows = run_with_sigterm(run_dir, 3, *args, "task.prompts_per_step=8", "task.eval_size=8")  # 32 rows, 3 x 2 shards
-    assert [r.get("elastic/world_size") for r in rows[1:]] == [4.0] * STEPS
+    steps = 8  # the kill lands after step 1 is logged; a loaded machine must still have a boundary left after it
+    args = [a for a in ARGS if not a.startswith(("task.prompts_per_step=", "task.eval_size=", "trainer.total_steps="))]
+    rows = run_with_sigterm(run_dir, 3, *args, "task.prompts_per_step=8", "task.eval_size=8",  # 32 rows, 3 x 2 shards
+                            f"trainer.total_steps={steps}", "task.eval_every=100")
+    assert [r.get("elastic/world_size") for r in rows[1:]] == [4.0] * steps
     assert not any(k.startswith("elastic/leave/") for r in rows for k in r)
     refusal = [line for line in (run_dir / "logs" / "rank3.log").read_text().splitlines() if "refused" in line]
     assert len(refusal) == 1, refusal
