@@ -46,7 +46,10 @@ def shut_connections(keep_ports: set[int]) -> int:
         ports = conns.get(int(target[8:-1]))
         if ports is None or keep_ports & set(ports):
             continue
-        sock = socket.socket(fileno=int(fd_path.name))
+        try:
+            sock = socket.socket(fileno=int(fd_path.name))
+        except OSError:  # closed since it was listed (gloo closes a pair whose peer is gone)
+            continue
         try:
             sock.shutdown(socket.SHUT_RDWR)
             shut += 1
