@@ -209,7 +209,7 @@ class Replicas:
             raise
         except Exception:  # noqa: BLE001 - the lost rank's error: the snapshot it sent is not committed
             pass
-        abort_generation(runtime.rollout)
+        runtime.rollout.drop_requests()
         backend = dist.get_backend() if dist.is_initialized() else "gloo"
         release_groups()  # vLLM's groups and the old default group; the engines stay
         served = Served(lost, old_world)
@@ -238,6 +238,8 @@ class Replicas:
         runtime.enter_world(layout, engines)
         runtime.sync_weights()
         self.loop.restore(run)
+        if run.tracker is not None:  # a snapshot still being sent when the rank was lost: a logged step is redone
+            run.tracker.rewind(self.loop.step)
         self.placement = new.placement
         rolled = time.perf_counter()
         self.snapshot(run, runtime, self.loop.step, background=False)  # the replicas of the new ring, at once
@@ -277,15 +279,6 @@ class Replicas:
         self.watchdog.close()
         if not failed:
             self.finish_sending()
-
-
-def abort_generation(rollout) -> None:
-    """Drop what an interrupted generate left in vLLM (its requests, a pending dummy batch of its DP sync)."""
-    engine = rollout.llm.llm_engine
-    unfinished = list(engine.output_processor.request_states)
-    if unfinished:
-        engine.abort_request(unfinished)
-    engine.should_execute_dummy_batch = False
 
 
 def err_line(err: BaseException) -> str:
