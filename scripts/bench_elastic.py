@@ -21,8 +21,10 @@ With `--part recovery` (elastic.replicas=1, docs/elastic.md "Replicas and recove
 - kill and relaunch: the same kill in a run without replicas that checkpoints every 5 steps; from the kill to the
   launcher's exit (the run stops), and from there a relaunch on the 3 ranks left with `trainer.resume` of step 5 to
   step 6's row (the relaunch's imports, vLLM start-up, the checkpoint load, step 6);
-- the snapshots' cost: grpo_tiny and ppo_tiny, 8 steps each with elastic.replicas=1 and =0: the mean step time
-  (`timing_s/step`) of each, and the mean `elastic/snapshot/seconds`, which runs after the step, over the mean step.
+- the snapshots' cost: grpo_tiny and ppo_tiny, 12 steps each with elastic.replicas=1 and =0: the mean step time
+  (`timing_s/step`, steps 2-12) of each; the snapshot's part on the loop's path after the step (the copy to host
+  memory and the wait for the previous send: `elastic/snapshot/{copy,wait}_seconds`) and its send, which runs beside
+  the next step (`elastic/snapshot/seconds`), over the mean step without replicas.
 
     python scripts/bench_elastic.py --part recovery --out docs/bench/bench_recovery.json
 """
@@ -181,16 +183,20 @@ def snapshot_cost(tmp: Path, recipe: str) -> dict:
     out = {}
     for replicas in (0, 1):
         run_dir = tmp / f"{recipe}_{replicas}"
-        finish(app(run_dir, f"recipe={recipe}", "parallel.world_size=4", "trainer.total_steps=8",
+        finish(app(run_dir, f"recipe={recipe}", "parallel.world_size=4", "trainer.total_steps=12",
                    f"elastic.replicas={replicas}"))
         steps = rows(run_dir)[2:]  # step 1 pays one-off costs
         out[f"replicas{replicas}_step_seconds"] = mean([r["timing_s/step"] for r in steps])
-        if replicas:
+        if replicas:  # the copy and the wait for the previous send are on the loop's path; the send runs beside it
+            out["on_path_seconds"] = mean([r["elastic/snapshot/copy_seconds"] + r["elastic/snapshot/wait_seconds"]
+                                           for r in steps])
             out["snapshot_seconds"] = mean([r["elastic/snapshot/seconds"] for r in steps])
             out["snapshot_bytes"] = steps[-1]["elastic/snapshot/bytes"]
             out["host_bytes_per_rank"] = steps[-1]["elastic/snapshot/host_bytes"]
             out["replica_bytes_per_rank"] = steps[-1]["elastic/snapshot/replica_bytes"]
     out["snapshot_over_step"] = out["snapshot_seconds"] / out["replicas0_step_seconds"]
+    out["on_path_over_step"] = out["on_path_seconds"] / out["replicas0_step_seconds"]
+    out["step_time_change"] = out["replicas1_step_seconds"] / out["replicas0_step_seconds"] - 1
     return out
 
 
@@ -212,7 +218,8 @@ def recovery_main(out: Path, load: tuple[float, ...]) -> None:
           f"{AFTER + 1} {restart['relaunch_to_first_step_seconds']:.2f}); ratio {ratio:.2f}")
     for recipe, c in costs.items():
         print(f"{recipe}: step {c['replicas0_step_seconds']:.2f} s without replicas, {c['replicas1_step_seconds']:.2f} s "
-              f"with; snapshot {c['snapshot_seconds']:.3f} s ({100 * c['snapshot_over_step']:.1f}% of a step), "
+              f"with ({100 * c['step_time_change']:+.1f}%); on the loop's path {c['on_path_seconds']:.3f} s "
+              f"({100 * c['on_path_over_step']:.1f}% of a step); the send beside it {c['snapshot_seconds']:.3f} s, "
               f"{c['snapshot_bytes'] / 2**20:.2f} MiB sent, {c['host_bytes_per_rank'] / 2**20:.2f} MiB host memory per rank")
 
 

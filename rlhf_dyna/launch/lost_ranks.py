@@ -109,6 +109,8 @@ class LossHandler:
         dead = [p for p in dead if p in self.watch.members]
         if not dead:
             return None
+        if self.watch.members[STORE_RANK] in dead:  # the store went with it: nothing to ask
+            return self.watch.decide(dead, True)[1]
         try:
             store = self._store()
             verdict, why = self.watch.decide(dead, self.watch.recovered(store))
