@@ -6,8 +6,8 @@ survivors leave the broken world, rebuild every role's state from their own shar
 roll back to the step-5 snapshot, and finish; exit code 0 and no process left. The reference is honest about what
 the survivors should reach: the same run's checkpoint of step 5 (written before the kill) resumed on 3 ranks by
 `trainer.resume`, whose steps 6-8 must log the same losses, grad norms, rewards, lengths and eval (relative 1e-5).
-Two adjacent ranks killed at once (rank 2 held rank 1's replica) stop the run cleanly within a time limit, naming
-the ranks and what was lost."""
+Two adjacent ranks killed at once (rank 2 held rank 1's replica), and rank 0 killed (its process serves the job's
+store), stop the run cleanly within a time limit, naming the ranks and what was lost, with no process left."""
 from __future__ import annotations
 
 import json
@@ -124,4 +124,16 @@ def test_two_adjacent_ranks_lost_stop_the_run_cleanly(tmp_path: Path) -> None:
     assert seconds < 30, f"the stop took {seconds:.1f} s"
     assert "rank 1 (process 1), rank 2 (process 2) of 4 lost at once" in done.stderr, done.stderr[-3000:]
     assert "rank 1's shard of every training role's state (its replica was on rank 2, lost too)" in done.stderr
+    assert not marked_processes(str(run_dir))
+
+
+@pytest.mark.timeout(600)
+def test_rank_0_lost_stops_the_run_cleanly_naming_why(tmp_path: Path) -> None:
+    """Rank 0's process serves the job's store, where the survivors would meet: a clean stop, not a hang."""
+    run_dir = tmp_path / "zero"
+    done, seconds = run_and_kill(run_dir, (0,), 2, 0.3, *[a for a in ARGS if not a.startswith("trainer.total_steps")],
+                                 "trainer.total_steps=40", *REPLICAS[:2], "trainer.save_every=2", limit=400)
+    assert done.returncode != 0
+    assert seconds < 30, f"the stop took {seconds:.1f} s"
+    assert "rank 0 (process 0) of 4 lost: rank 0 serves the job's store" in done.stderr, done.stderr[-3000:]
     assert not marked_processes(str(run_dir))
