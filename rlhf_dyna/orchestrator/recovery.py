@@ -133,6 +133,7 @@ class Replicas:
         self.sender: threading.Thread | None = None
         self.send_error: BaseException | None = None
         self.sent: dict[str, float] = {}  # the last completed send's metrics
+        self.recorder = None  # the runtime's trace: the snapshots' and the recovery's events
         rank, world = dist.get_rank(), dist.get_world_size()
         print(f"rlhf_dyna: elastic.replicas=1: rank {rank} (pid {os.getpid()}) holds the replica of rank "
               f"{(rank - 1) % world}'s shards, refreshed every {self.every} step(s)", flush=True)
@@ -147,6 +148,7 @@ class Replicas:
         start = time.perf_counter()
         roles = {role: take_snapshot(getattr(runtime, role)) for role in ROLES if getattr(runtime, role) is not None}
         loop = LoopState.of(run, step)
+        self.recorder = runtime.recorder
         copied = time.perf_counter() - start
         self.sender = threading.Thread(target=self._send, args=(roles, loop, start, copied), daemon=True,
                                        name="rlhf_dyna-snapshot")
@@ -160,7 +162,7 @@ class Replicas:
         try:
             began, moved = time.perf_counter(), 0
             for snap in roles.values():
-                moved += send_replica(snap, self.side)
+                moved += send_replica(snap, self.side, recorder=self.recorder)
             # complete here (this rank's receives are done); committed once every rank is: a lost rank may interrupt
             # the barrier after some passed it, and then every rank had received everything (recover promotes it)
             self.staged = (roles, loop)
@@ -230,7 +232,8 @@ class Replicas:
         for move in new.moves:
             old = getattr(runtime, move.role)
             engines[move.role] = empty_engine_like(old, layout, mesh, meta_skeleton(old.model))
-            done = restore_role(self.roles[move.role], engines[move.role], move.dst, served)
+            done = restore_role(self.roles[move.role], engines[move.role], move.dst, served,
+                                recorder=runtime.recorder)
             moved, local = moved + done.bytes_moved, local + done.local_bytes
             setattr(runtime, move.role, None)  # the old world's engine: its state is rebuilt
         restored = time.perf_counter()
@@ -244,6 +247,7 @@ class Replicas:
         rolled = time.perf_counter()
         self.snapshot(run, runtime, self.loop.step, background=False)  # the replicas of the new ring, at once
         done_at = time.perf_counter()
+        trace_phases(runtime.recorder, step, died_at, caught, started, (entered, restored, rolled, done_at))
         if new_rank == 0:
             self.store.set(recovered_key(self.watchdog.generation), "1")
             holders = ", ".join(str(holder_of(r, old_world)) for r in lost)
@@ -279,6 +283,18 @@ class Replicas:
         self.watchdog.close()
         if not failed:
             self.finish_sending()
+
+
+def trace_phases(recorder, step: int, died_at: float, caught: float, started: float, marks: tuple) -> None:
+    """The recovery's phases on the run's trace (Perfetto, timeline.png): elastic/recovery/<phase>, wall-clock."""
+    if recorder is None:
+        return
+    offset = time.time() - time.perf_counter()  # perf_counter marks -> wall clock
+    recorder.add("elastic/recovery/detect", 0, died_at, max(0.0, caught - died_at), {"step": step})
+    begin = started
+    for name, end in zip(("world", "move", "rollout", "snapshot"), marks):
+        recorder.add(f"elastic/recovery/{name}", 0, begin + offset, end - begin, {"step": step})
+        begin = end
 
 
 def err_line(err: BaseException) -> str:

@@ -31,6 +31,7 @@ from ..vps.tensor import Kind
 from .bind_train import bind_train_buffers, state_kinds, train_spec
 from .executor import execute, prepare
 from .relayout import bind_train_state
+from .trace import TraceRecorder
 from .role_move import optimizer_step, prepare_optimizer, role_catalog
 from .views import TORCH_DTYPES
 from .vps_plans import DEFAULT_BUDGET_BYTES, planned, ranks_per_node
@@ -68,14 +69,14 @@ def take_snapshot(engine: TrainEngine) -> RoleSnapshot:
 
 
 def send_replica(snap: RoleSnapshot, group: dist.ProcessGroup | None = None,
-                 budget_bytes: int = DEFAULT_BUDGET_BYTES) -> int:
+                 budget_bytes: int = DEFAULT_BUDGET_BYTES, recorder: TraceRecorder | None = None) -> int:
     """Collective over `group` (the world's ranks, in the world's order): every rank's own copy into the next rank's
     replica buffers by the ring plan; the bytes the plan moves between ranks (the same on every rank)."""
     rank = dist.get_rank(group)
     t = planned(snap.catalog, snap.spec, snap.catalog, ring_spec(snap.spec, snap.world_size), snap.kinds,
                 budget_bytes, rank)
     snap.replica = {n: torch.empty(b.shape, dtype=TORCH_DTYPES[b.dtype]) for n, b in t.dst_buffers.items()}
-    execute(t.rank_plan, snap.own, snap.replica, group=group)
+    execute(t.rank_plan, snap.own, snap.replica, group=group, trace=recorder, trace_name="elastic/snapshot")
     return t.bytes_between_ranks
 
 
@@ -87,7 +88,7 @@ class Restored:
 
 
 def restore_role(snap: RoleSnapshot, destination: TrainEngine, dst_spec: ParallelSpec, served: Served,
-                 budget_bytes: int = DEFAULT_BUDGET_BYTES) -> Restored:
+                 budget_bytes: int = DEFAULT_BUDGET_BYTES, recorder: TraceRecorder | None = None) -> Restored:
     """Collective over the new world: `destination` (an empty engine on the new world's mesh, this rank's new number
     in `served`) filled with the snapshot's state, the survivors' own pieces and the lost ranks' replicas, by the leave's
     plan with the lost ranks' sends served by their holders. `dst_spec`: the new layout in the old world's numbering
@@ -104,7 +105,7 @@ def restore_role(snap: RoleSnapshot, destination: TrainEngine, dst_spec: Paralle
     state = {k: t for k, t in bind_train_state(destination).items() if k[1] in names}
     dst = bind_train_buffers(state, build_layout(snap.catalog, plain, snap.kinds), new)
     src = {**snap.own, **{REPLICA + n: t for n, t in snap.replica.items()}}
-    execute(prepared, src, dst)
+    execute(prepared, src, dst, trace=recorder, trace_name="elastic/recovery/rounds")
     refresh_fsdp_shards(destination.model)
     if destination.zero < 3:
         destination.materialize_replicas()
