@@ -91,9 +91,12 @@ def last_per_step(rows: list[dict]) -> list[dict]:
 
 
 @pytest.mark.timeout(900)
-def test_a_rank_killed_during_a_step_is_survived_from_the_replicas(tmp_path: Path) -> None:
+@pytest.mark.parametrize("recipe", ["grpo_tiny", "ppo_tiny"])
+def test_a_rank_killed_during_a_step_is_survived_from_the_replicas(tmp_path: Path, recipe: str) -> None:
+    """PPO: the critic's parameters and AdamW moments are rebuilt too."""
+    args = [f"recipe={recipe}" if a == "recipe=grpo_tiny" else a for a in ARGS]
     run_dir, at = tmp_path / "killed", random.Random().uniform(0.05, 0.7)
-    done, _ = run_and_kill(run_dir, (2,), KILL_IN - 1, at, *ARGS, *REPLICAS)
+    done, _ = run_and_kill(run_dir, (2,), KILL_IN - 1, at, *args, *REPLICAS)
     assert done.returncode == 0, f"killed at {at:.2f} of a step\n" + done.stdout[-3000:] + done.stderr[-3000:]
     assert not marked_processes(str(run_dir))
     assert "rank 2 of 4 lost" in done.stderr
@@ -108,7 +111,7 @@ def test_a_rank_killed_during_a_step_is_survived_from_the_replicas(tmp_path: Pat
     assert f"lost during step {KILL_IN}" in log and f"rolled back to step {KILL_IN - 1}" in log
 
     reference_dir = tmp_path / "resumed"
-    resumed = run(reference_dir, *[a for a in ARGS if not a.startswith("parallel.world_size=")],
+    resumed = run(reference_dir, *[a for a in args if not a.startswith("parallel.world_size=")],
                   "parallel.world_size=3", f"trainer.resume={run_dir / 'checkpoints' / f'step_{KILL_IN - 1}'}")
     kill_marked(reference_dir)
     assert any(abs(r["actor/pg_loss"]) > 1e-3 for r in resumed), "no learning signal: equality would be vacuous"
