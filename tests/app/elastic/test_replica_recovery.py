@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from rlhf_dyna.orchestrator.checkpoint_dirs import scan
 from tests.app.app_runs import read_metrics
 from tests.app.marked_processes import MARK, marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
@@ -140,3 +141,27 @@ def test_rank_0_lost_stops_the_run_cleanly_naming_why(tmp_path: Path) -> None:
     assert seconds < 30, f"the stop took {seconds:.1f} s"
     assert "rank 0 (process 0) of 4 lost: rank 0 serves the job's store" in done.stderr, done.stderr[-3000:]
     assert not marked_processes(str(run_dir))
+
+
+@pytest.mark.timeout(600)
+def test_a_rank_killed_while_a_checkpoint_is_written_leaves_the_previous_one_usable(tmp_path: Path) -> None:
+    """kill -9 of rank 2 the moment step 4's checkpoint starts (its step_4.tmp dir appears): the survivors recover,
+    finish the run (exit 0), step 2's checkpoint stays complete, and the run's later checkpoints are complete."""
+    run_dir = tmp_path / "saving"
+    proc = start(run_dir, *ARGS, *REPLICAS[:2], "trainer.save_every=2", "trainer.keep_checkpoints=0")
+    try:
+        deadline = time.monotonic() + 500
+        pid = rank_pid(run_dir, 2, deadline)
+        wait_for(lambda: (run_dir / "checkpoints" / "step_4.tmp").is_dir(), "step 4's checkpoint started", deadline)
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_marked(run_dir)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert not marked_processes(str(run_dir))
+    complete, _ = scan(run_dir / "checkpoints")
+    steps = [step for step, _ in complete]
+    assert {2, 6, 8} <= set(steps), steps
+    assert [r["step"] for r in last_per_step(read_metrics(run_dir))] == list(range(STEPS + 1))
