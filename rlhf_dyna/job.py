@@ -77,4 +77,5 @@ def run_job(dcfg: DictConfig) -> int:
           flush=True)
     return launch.spawn_ranks(cfg.parallel.world_size, "rlhf_dyna.worker", [str(out_dir)], run_dir=out_dir, env=QUIET_ENV,
                               preload=RANK_PRELOAD, console=cfg.tracking.console, joiners=joiners,
-                              join_config=out_dir / RESOLVED_CONFIG if cfg.elastic.accept_joins else None)
+                              join_config=out_dir / RESOLVED_CONFIG if cfg.elastic.accept_joins else None,
+                              survive_losses=cfg.elastic.replicas == 1)

@@ -19,12 +19,27 @@
 
     python scripts/bench_elastic.py --out docs/bench/bench_elastic.json --note "what else ran on the machine"
     python scripts/docs_tables.py        # docs/elastic.md's table from the JSON
+
+With `--part recovery` (elastic.replicas=1, docs/elastic.md "Replicas and recovery"), on 4 ranks of the same recipe:
+- recovery: `kill -9` of rank 2 a moment after step 5 is logged (snapshots every step); from the kill to step 6's
+  metrics row of the same run (the survivors' recovery and the step redone), with step 6's breakdown
+  `elastic/recovery/{detect,world,move,rollout,snapshot}_seconds`;
+- kill and relaunch: the same kill in a run without replicas that checkpoints every 5 steps; from the kill to the
+  launcher's exit (the run stops), and from there a relaunch on the 3 ranks left with `trainer.resume` of step 5 to
+  step 6's row (the relaunch's imports, vLLM start-up, the checkpoint load, step 6);
+- the snapshots' cost: grpo_tiny and ppo_tiny, 12 steps each with elastic.replicas=1 and =0: the mean step time
+  (`timing_s/step`, steps 2-12) of each; the snapshot's part on the loop's path after the step (the copy to host
+  memory and the wait for the previous send: `elastic/snapshot/{copy,wait}_seconds`) and its send, which runs beside
+  the next step (`elastic/snapshot/seconds`), over the mean step without replicas.
+
+    python scripts/bench_elastic.py --part recovery --out docs/bench/bench_recovery.json --note "..."
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -46,7 +61,10 @@ THREE = ["trainer.sft_batch_size=12"]  # the warm-up's batch splits over 3 ranks
 
 
 def app(run_dir: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlhf_dyna", *RUN, *args, f"hydra.run.dir={run_dir}"],
+    """The app on RUN, `args` overriding RUN's values of the same keys."""
+    given = {a.split("=", 1)[0] for a in args}
+    base = [a for a in RUN if a.split("=", 1)[0] not in given]
+    return subprocess.Popen([sys.executable, "-m", "rlhf_dyna", *base, *args, f"hydra.run.dir={run_dir}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -97,12 +115,132 @@ def restart_path(tmp: Path, before: int = 4, after: int = 3, *extra: str) -> dic
     return {"launch_to_first_step_seconds": seconds}
 
 
+KILLED, AFTER = 2, 5  # rank 2 killed during step 6
+RECOVERY = ["parallel.world_size=4", "trainer.total_steps=8", "elastic.replicas=1"]
+RECOVERY_BREAKDOWN = ("detect_seconds", "world_seconds", "move_seconds", "rollout_seconds", "snapshot_seconds")
+
+
+def announced_pid(run_dir: Path, rank: int, proc: subprocess.Popen, what: str) -> int:
+    """A rank's pid from its log: `what` names the line (the replicas' duty line, or vLLM's start)."""
+    log = run_dir / "logs" / f"rank{rank}.log"
+    while proc.poll() is None:
+        for line in (log.read_text() if log.exists() else "").splitlines():
+            if f"rank {rank} (pid " in line and what in line:
+                return int(line.split("(pid ")[1].split(")")[0])
+        time.sleep(0.1)
+    raise RuntimeError(f"the app ended before rank {rank} announced its pid")
+
+
+def rank_pids(proc: subprocess.Popen) -> dict[int, int]:
+    """Ranks of a run without replicas: the launcher's children in launch order (forked ranks are its children)."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    return dict(enumerate(sorted(int(c) for c in children)))
+
+
+def wait_row(run_dir: Path, step: int, proc: subprocess.Popen | None = None, count: int = 1) -> float:
+    """time.monotonic() when `count` rows of `step` are in run_dir's metrics (None if the process ended first)."""
+    while sum(r["step"] == step for r in rows(run_dir)) < count:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the app ended without step {step} in {run_dir}")
+        time.sleep(0.02)
+    return time.monotonic()
+
+
+def recovery_path(tmp: Path) -> dict:
+    run_dir = tmp / "recovery"
+    proc = app(run_dir, *RECOVERY)
+    pid = announced_pid(run_dir, KILLED, proc, "holds the replica")
+    wait_row(run_dir, AFTER, proc)
+    time.sleep(0.5)  # into step 6
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    first = wait_row(run_dir, AFTER + 1, proc)
+    finish(proc)
+    row = next(r for r in rows(run_dir) if r["step"] == AFTER + 1)
+    out = {key: row[f"elastic/recovery/{key}"] for key in ("seconds", *RECOVERY_BREAKDOWN, "bytes_moved", "steps_lost")}
+    out.update(kill_to_first_step_seconds=first - killed, first_step_seconds=row["timing_s/step"],
+               world_size=[r.get("elastic/world_size") for r in rows(run_dir)[1:]])
+    return out
+
+
+def kill_restart_path(tmp: Path) -> dict:
+    first_dir, second_dir = tmp / "killed", tmp / "relaunched"
+    proc = app(first_dir, "parallel.world_size=4", "trainer.total_steps=8", f"trainer.save_every={AFTER}")
+    wait_row(first_dir, AFTER, proc)
+    while not (first_dir / "checkpoints" / f"step_{AFTER}").is_dir():
+        time.sleep(0.02)
+    time.sleep(0.5)
+    pid = rank_pids(proc)[KILLED]
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=300)
+    stopped = time.monotonic()
+    second = app(second_dir, "parallel.world_size=3", "trainer.total_steps=8",
+                 f"trainer.resume={first_dir / 'checkpoints' / f'step_{AFTER}'}")
+    first = wait_row(second_dir, AFTER + 1, second)
+    finish(second)
+    return {"stop_seconds": stopped - killed, "relaunch_to_first_step_seconds": first - stopped,
+            "kill_to_first_step_seconds": first - killed, "killed_exit_code": proc.returncode}
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def snapshot_cost(tmp: Path, recipe: str) -> dict:
+    out = {}
+    for replicas in (0, 1):
+        run_dir = tmp / f"{recipe}_{replicas}"
+        finish(app(run_dir, f"recipe={recipe}", "parallel.world_size=4", "trainer.total_steps=12",
+                   f"elastic.replicas={replicas}"))
+        steps = rows(run_dir)[2:]  # step 1 pays one-off costs
+        out[f"replicas{replicas}_step_seconds"] = mean([r["timing_s/step"] for r in steps])
+        if replicas:  # the copy and the wait for the previous send are on the loop's path; the send runs beside it
+            out["on_path_seconds"] = mean([r["elastic/snapshot/copy_seconds"] + r["elastic/snapshot/wait_seconds"]
+                                           for r in steps])
+            out["snapshot_seconds"] = mean([r["elastic/snapshot/seconds"] for r in steps])
+            out["snapshot_bytes"] = steps[-1]["elastic/snapshot/bytes"]
+            out["host_bytes_per_rank"] = steps[-1]["elastic/snapshot/host_bytes"]
+            out["replica_bytes_per_rank"] = steps[-1]["elastic/snapshot/replica_bytes"]
+    out["snapshot_over_step"] = out["snapshot_seconds"] / out["replicas0_step_seconds"]
+    out["on_path_over_step"] = out["on_path_seconds"] / out["replicas0_step_seconds"]
+    out["step_time_change"] = out["replicas1_step_seconds"] / out["replicas0_step_seconds"] - 1
+    return out
+
+
+def recovery_main(out: Path, load: tuple[float, ...], note: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench_recovery_") as tmp:
+        recovery = recovery_path(Path(tmp))
+        restart = kill_restart_path(Path(tmp))
+        costs = {recipe: snapshot_cost(Path(tmp), recipe) for recipe in ("grpo_tiny", "ppo_tiny")}
+    ratio = recovery["kill_to_first_step_seconds"] / restart["kill_to_first_step_seconds"]
+    result = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": f"{os.cpu_count()} CPU cores",
+              "load_average_at_start": [round(x, 1) for x in load], "note": note,
+              "change": f"kill -9 of rank {KILLED} of 4 during step {AFTER + 1}", "recovery": recovery,
+              "kill_and_relaunch": restart, "recovery_over_relaunch": ratio, "snapshot_cost": costs}
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"recovery: {recovery['kill_to_first_step_seconds']:.2f} s from the kill to step {AFTER + 1} done ("
+          + ", ".join(f"{k} {recovery[k]:.2f}" for k in RECOVERY_BREAKDOWN)
+          + f", step {recovery['first_step_seconds']:.2f}); kill and relaunch: "
+          f"{restart['kill_to_first_step_seconds']:.2f} s (stop {restart['stop_seconds']:.2f}, relaunch to step "
+          f"{AFTER + 1} {restart['relaunch_to_first_step_seconds']:.2f}); ratio {ratio:.2f}")
+    for recipe, c in costs.items():
+        print(f"{recipe}: step {c['replicas0_step_seconds']:.2f} s without replicas, {c['replicas1_step_seconds']:.2f} s "
+              f"with ({100 * c['step_time_change']:+.1f}%); on the loop's path {c['on_path_seconds']:.3f} s "
+              f"({100 * c['on_path_over_step']:.1f}% of a step); the send beside it {c['snapshot_seconds']:.3f} s, "
+              f"{c['snapshot_bytes'] / 2**20:.2f} MiB sent, {c['host_bytes_per_rank'] / 2**20:.2f} MiB host memory per rank")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("docs/bench/bench_elastic.json"))
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--part", choices=("membership", "recovery"), default="membership")
     parser.add_argument("--note", default="", help="what else shared the machine, for the record")
     args = parser.parse_args()
     load = os.getloadavg()
+    if args.part == "recovery":
+        return recovery_main(args.out or Path("docs/bench/bench_recovery.json"), load, args.note)
+    args.out = args.out or Path("docs/bench/bench_elastic.json")
     with tempfile.TemporaryDirectory(prefix="bench_elastic_") as tmp:
         leave = leave_path(Path(tmp))
         restart = restart_path(Path(tmp))

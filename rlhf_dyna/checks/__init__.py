@@ -13,6 +13,7 @@ from .layouts import check_layouts, check_runs_live
 from .micro_batches import check_micro_batches
 from .model_files import check_weight_files
 from .placement import check_placement_config
+from .replicas import check_replicas
 from .resources import check_resources
 from .reward_model import check_reward_models
 from .values import check_choices, check_values
@@ -28,6 +29,7 @@ def check_config(cfg: Config, under_torchrun: bool = False) -> None:
     check_layouts(cfg)
     check_placement_config(cfg)
     check_elastic(cfg, under_torchrun)
+    check_replicas(cfg, under_torchrun)
     if cfg.dry_run:
         return
     check_gpu(cfg, under_torchrun)

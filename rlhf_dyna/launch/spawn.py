@@ -25,6 +25,7 @@ from .failure import ERROR_FILE_ENV, RankFailure, error_file, first_failure, rea
 from .fork import ForkedRank, fork_rank, preload as preload_modules
 from .host import AGENT_STORE_ENV, check_capacity, free_port, new_run_ident, usable_cores, visible_gpu_count
 from .join_file import RunningJob, mark_finished, write_join_file
+from .lost_ranks import LossHandler, settle
 from .output import LAUNCHER_LOG, ROUTED_ENV, log_dir, output_to, pump, rank_log
 from .shm import SHM_DIR, clean_shm_segments
 
@@ -116,6 +117,13 @@ def _report_exit(rank: int, proc: Rank, exits: queue.Queue[tuple[int, float]]) -
     exits.put((rank, time.time()))
 
 
+def _next_exit(exits: queue.Queue[tuple[int, float]], timeout: float) -> tuple[int, float] | None:
+    try:
+        return exits.get(timeout=timeout)
+    except queue.Empty:
+        return None
+
+
 def _tail(path: Path, lines: int) -> str:
     with open(path, "rb") as f:
         return b"".join(deque(f, maxlen=lines)).decode(errors="replace")
@@ -170,6 +178,7 @@ def spawn_ranks(
     console: str = "progress",
     joiners: int = 0,
     join_config: Path | None = None,
+    survive_losses: bool = False,
 ) -> int:
     """Run `python -m entry *args` (or `python entry *args` for a .py path) as `world_size` local
     ranks and supervise them; returns the exit code for the launcher (0, the failing rank's
@@ -181,7 +190,8 @@ def spawn_ranks(
     beside the world (elastic.events join@S) with JOINER_ENV set to 0, 1, ...; they prepare, wait for their step
     boundary and enter the world then (orchestrator/joiner.py); joiner k's log is rank{world_size + k}.log.
     `join_config`: the job admits `elastic.join=RUN_DIR` processes, which run with this resolved config: run_dir/join.json
-    says where the job's store is while the ranks run (launch/join_file.py)."""
+    says where the job's store is while the ranks run (launch/join_file.py). `survive_losses` (elastic.replicas=1): a
+    rank that dies does not stop the run where the survivors can rebuild its state (launch/lost_ranks.py)."""
     gpus = visible_gpu_count()
     processes = world_size + joiners
     check_capacity(processes, "cuda" if gpus else "cpu")
@@ -241,13 +251,20 @@ def spawn_ranks(
             threading.Thread(target=_report_exit, args=(rank, proc, exits), daemon=True).start()
         view.start()  # the live display's thread starts after the forks, as ours do
 
-        finished, exit_time = 0, 0.0
+        finished, exit_time, lost_why = 0, 0.0, None
+        losses = LossHandler(world_size, port) if survive_losses else None
         while not stop_signal and failed_rank is None and finished < processes:
             try:
                 rank, when = exits.get(timeout=_POLL_S)
             except queue.Empty:
                 continue
             finished += 1
+            if procs[rank].returncode != 0 and losses is not None:
+                deaths = settle((rank, when), lambda left: _next_exit(exits, left))
+                finished += len(deaths) - 1
+                lost_why = losses.on_deaths([r for r, _ in deaths if procs[r].returncode != 0], when)
+                if lost_why is None:
+                    continue
             if procs[rank].returncode != 0:
                 failed_rank, exit_time = rank, when
             elif rank == shown[0]:  # rank 0 left the job (or the run ended): its successor is the first still running
@@ -267,13 +284,18 @@ def spawn_ranks(
         if any(p.poll() is None for p in procs):  # an exception of our own above: leave nothing behind
             _stop_groups(procs, grace_s)
             clean_shm_segments(run_ident)
-        if not stop_signal and failed_rank is None and procs and all(p.returncode == 0 for p in procs):
+        lost = losses.lost_processes if losses is not None else set()
+        if not stop_signal and failed_rank is None and procs and all(p.returncode == 0 for i, p in enumerate(procs)
+                                                                     if i not in lost):
             view.status(f"finished in {view.elapsed}; output in {run_dir}, rank logs in {log_dir(run_dir)}")
         view.close()
 
     if stop_signal:
         print(f"rlhf_dyna: stopped all {world_size} ranks on signal {stop_signal[0]}.", file=sys.stderr)
         return 128 + stop_signal[0]
+    if failed_rank is not None and lost_why is not None:
+        print(f"rlhf_dyna: {lost_why}", file=sys.stderr)
+        return _exit_code(procs[failed_rank].returncode)
     if failed_rank is not None:
         code = _exit_code(procs[failed_rank].returncode)
         _report_failure(failed_rank, code, exit_time, processes, run_dir)

@@ -14,6 +14,7 @@ from ..launch import DistInfo
 from ..tracking.sample_log import log_samples
 from ..tracking.timeline import write_run_trace
 from .leave import LeftWorld
+from .recovery import Replicas
 from .resume import checkpoint_and_export, export_policy, save_due
 from .reward_training import run_reward_training
 from .run import Run, make_run
@@ -58,16 +59,23 @@ def set_up(run: Run, runtime: Runtime) -> None:
 def run_steps(run: Run, runtime: Runtime, set_up: Callable[[], None]) -> None:
     """`set_up` (a launched rank's, or a joiner's entry into the world), then the steps after run.start_step, the
     export and the run's trace; the engines stopped at the end, failed or not."""
-    cfg, failed = run.cfg, True
+    cfg, failed, replicas = run.cfg, True, None
     try:
         set_up()
+        if cfg.elastic.replicas:  # the state to survive a lost rank with, from the start (orchestrator/recovery.py)
+            replicas = Replicas(cfg)
+            replicas.snapshot(run, runtime, run.start_step)
         try:
-            for step in range(run.start_step + 1, cfg.trainer.total_steps + 1):
-                metrics = rl_step(run, runtime, step)
-                if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
-                    metrics.update(runtime.evaluate())
-                run.log(step, metrics)
-                save(run, runtime, step)
+            step = run.start_step + 1
+            while step <= cfg.trainer.total_steps:
+                try:
+                    step_and_log(run, runtime, step, replicas)
+                except Exception as err:
+                    if replicas is None:
+                        raise
+                    step = replicas.recover(run, runtime, err, step)  # re-raises where no rank was lost
+                    continue
+                step += 1
         except LeftWorld as left:  # elastic: this rank's state moved to the survivors, which go on without it
             print(f"rlhf_dyna: {left}", flush=True)
             failed = False
@@ -78,9 +86,23 @@ def run_steps(run: Run, runtime: Runtime, set_up: Callable[[], None]) -> None:
             write_run_trace(runtime.recorder, run.out_dir, title=runtime.trace_title)
         failed = False
     finally:
+        if replicas is not None:
+            replicas.close(failed)
         if run.tracker is not None:
             run.tracker.close()
         runtime.close(failed)
+
+
+def step_and_log(run: Run, runtime: Runtime, step: int, replicas: Replicas | None) -> None:
+    """One step, its evaluation when due, a snapshot when due (elastic.replicas), the log line and a checkpoint."""
+    cfg = run.cfg
+    metrics = rl_step(run, runtime, step)
+    if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
+        metrics.update(runtime.evaluate())
+    if replicas is not None:
+        metrics.update(replicas.after_step(run, runtime, step))
+    run.log(step, metrics)
+    save(run, runtime, step)
 
 
 def rl_step(run: Run, runtime: Runtime, step: int) -> dict[str, float]:

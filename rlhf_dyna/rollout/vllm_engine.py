@@ -180,6 +180,15 @@ class VLLMRollout:
         self.llm.wake_up(tags=wanted)
         self.asleep -= set(wanted)
 
+    def drop_requests(self) -> None:
+        """Abort what a generate interrupted by an error (a lost peer's, inside vLLM's DP sync) left in the engine, so
+        it is idle again: its requests (by their internal ids, children of n > 1 included) and a pending dummy batch."""
+        engine = self.llm.llm_engine
+        unfinished = list(engine.output_processor.request_states)
+        if unfinished:
+            engine.abort_request(unfinished, internal=True)
+        engine.should_execute_dummy_batch = False
+
     def reset_prefix_cache(self) -> None:
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset the prefix cache (requests still running?)")

@@ -90,6 +90,12 @@ class Tracker:
         """The wandb run's local directory (offline: .../wandb/offline-run-*), None if disabled."""
         return Path(self._wandb_run.dir).parent if self._wandb_run is not None else None
 
+    def rewind(self, step: int) -> None:
+        """The run went back to the state after `step` (a recovery from a lost rank, orchestrator/recovery.py): the
+        steps after it are logged again, and metrics.jsonl keeps both rows of a step (the later one counts)."""
+        if self._last_step is not None:
+            self._last_step = min(self._last_step, step)
+
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Record `metrics` (numbers, 0-dim tensors) for `step`; values are converted to float."""
         if self._last_step is not None and step <= self._last_step:

@@ -134,6 +134,12 @@ def results(bench: Path, prefix: str = "docs/bench/") -> str:
         f"{real['max_new_tokens']} tokens, {real['precision']}",
         f"rlhf_dyna {real['rlhf_dyna_step_s_median']:.1f} s, TRL (its fastest of 3 launch modes) "
         f"{real['trl_step_s_median']:.1f} s: **{real['ratio_median']:.2f}x** TRL's time", "bench_peer.json", peer["date"])
+    recovery = read(bench, "bench_recovery.json")
+    kept, relaunched = recovery["recovery"], recovery["kill_and_relaunch"]
+    row("a rank killed (kill -9) during step 6 of a 4-rank grpo_tiny run, `elastic.replicas=1`",
+        f"from the kill to step 6 done on 3 ranks: {kept['kill_to_first_step_seconds']:.2f} s from in-memory replicas; "
+        f"{relaunched['kill_to_first_step_seconds']:.2f} s stopping and relaunching with `trainer.resume`: "
+        f"**{recovery['recovery_over_relaunch']:.2f}x**", "bench_recovery.json", recovery["date"])
     return "\n".join(["| what | measured | data |", "|---|---|---|", *rows])
 
 

@@ -96,7 +96,8 @@ def test_pure_layers_import_nothing_live():
     for name, deps in g.items():
         if name.startswith("rlhf_dyna.vps"):
             assert all(d.startswith("rlhf_dyna.vps") for d in deps), (name, deps)
-    pure = ("placement", "policies", "validate", "rebalance", "simulate", "membership", "events", "membership_plan")
+    pure = ("placement", "policies", "validate", "rebalance", "simulate", "membership", "events", "membership_plan",
+            "replicas")
     for name in pure:
         deps = g[f"rlhf_dyna.elastic.{name}"]
         assert all(d.startswith(("rlhf_dyna.vps", "rlhf_dyna.elastic", "rlhf_dyna.parallel_layout")) for d in deps), deps

@@ -1,0 +1,84 @@
+"""Checks of elastic.replicas and elastic.snapshot_every (docs/elastic.md, "Replicas and recovery"): the values, a world
+that has a second rank to hold the replicas, and what recovery from a lost rank runs with in this first version."""
+from __future__ import annotations
+
+from ..config import Config
+from ..elastic.membership import STORE_HOST_RANK, MembershipError, WorldChange, live_refusal, world_after
+from ..errors import ConfigError
+from ..orchestrator.membership import global_batch
+from ..orchestrator.placements import placement_request, scores_with_reward_model
+from ..elastic.policies import make_placement
+
+RECOVERS = ("recovery from a lost rank runs under placement=colocate with a training layout of dp and tp "
+            "(parallel.train pp, cp, ep = 1, zero=3), rollout.tp=1, model.dtype=float32, no parallel.schedule, no "
+            "reward model, no elastic.events, elastic.leave_on_sigterm or elastic.accept_joins=true, launched by "
+            f"python -m rlhf_dyna (not torchrun), and any rank but rank {STORE_HOST_RANK} lost (it serves the job's "
+            "store)")
+
+
+def recovery_problems(cfg: Config, under_torchrun: bool = False) -> list[str]:
+    """What of this run recovery from a lost rank cannot handle yet; [] = it can."""
+    t, e, problems = cfg.parallel.train, cfg.elastic, []
+    if cfg.placement.policy != "colocate" or cfg.placement.rebalance:
+        problems.append(f"placement={cfg.placement.policy}{' with rebalance' if cfg.placement.rebalance else ''}")
+    problems += [f"parallel.train.{name}={getattr(t, name)}" for name in ("pp", "cp", "ep") if getattr(t, name) != 1]
+    if t.zero != 3:  # a snapshot reads the shards; ZeRO-1/2's gathered replicas would have to be rebuilt after it
+        problems.append(f"parallel.train.zero={t.zero}")
+    if cfg.rollout.tp != 1:
+        problems.append(f"rollout.tp={cfg.rollout.tp}")
+    if cfg.model.dtype != "float32":
+        problems.append(f"model.dtype={cfg.model.dtype}")
+    if cfg.parallel.schedule:
+        problems.append("parallel.schedule")
+    if scores_with_reward_model(cfg) or cfg.algorithm.name == "reward_model":
+        problems.append("a reward model")
+    if e.events or e.leave_on_sigterm or e.accept_joins:
+        problems.append("elastic.events, elastic.leave_on_sigterm or elastic.accept_joins=true")
+    if under_torchrun:
+        problems.append("torchrun")
+    return problems
+
+
+def unrecoverable_losses(cfg: Config) -> list[str]:
+    """For each rank but the store's whose loss the survivors could not take over (the global batch, a role's set),
+    why; [] = the loss of any one of them can be recovered."""
+    request = placement_request(cfg)
+    placement, world, out = make_placement(request), cfg.parallel.world_size, []
+    for rank in range(world):
+        if rank == STORE_HOST_RANK:
+            continue
+        change = WorldChange(world, (rank,))
+        try:
+            new = world_after(placement, request.train, cfg.rollout.tp, global_batch(cfg), change)
+            why = live_refusal(change, cfg.rollout.tp, new.rollout_tp)
+            if why:
+                out.append(why)
+        except MembershipError as err:
+            out.append(str(err))
+    return out
+
+
+def check_replicas(cfg: Config, under_torchrun: bool = False) -> None:
+    e = cfg.elastic
+    if e.replicas not in (0, 1):
+        raise ConfigError(f"elastic.replicas={e.replicas}: it is 0 (no replicas: a lost rank stops the run) or 1 (each "
+                          "rank's shard of the training state also held by the next rank, so the run survives the "
+                          "loss of one rank). Set elastic.replicas=0 or 1.")
+    if not isinstance(e.snapshot_every, int) or e.snapshot_every < 1:
+        raise ConfigError(f"elastic.snapshot_every={e.snapshot_every}: the replicas are refreshed every K steps, K a "
+                          "whole number >= 1 (1: after every step, at most one step lost). Set e.g. "
+                          "elastic.snapshot_every=1.")
+    if not e.replicas or cfg.dry_run:
+        return
+    if cfg.parallel.world_size < 2:
+        raise ConfigError(f"elastic.replicas=1 with parallel.world_size={cfg.parallel.world_size}: a replica lives on "
+                          "another rank, and a world of one has none to hold it (nor survivors to go on). Use "
+                          "parallel.world_size >= 2, or elastic.replicas=0.")
+    problems = recovery_problems(cfg, under_torchrun)
+    if problems:
+        raise ConfigError(f"elastic.replicas=1: this run could not recover from a lost rank yet: {'; '.join(problems)}. "
+                          f"For now {RECOVERS}. Change those settings, or set elastic.replicas=0.")
+    lost = unrecoverable_losses(cfg)
+    if lost:
+        raise ConfigError(f"elastic.replicas=1: the survivors of a lost rank could not go on: {lost[0]} Recovery keeps "
+                          "the global batch, so it must split over the survivors of any one lost rank.")

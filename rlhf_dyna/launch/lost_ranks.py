@@ -1,0 +1,126 @@
+"""The launcher's side of surviving a lost rank (elastic.replicas=1; docs/elastic.md, "Replicas and recovery").
+
+When a rank's process dies, `spawn_ranks` does not stop the run at once: it waits a moment for other deaths of the
+same failure (a node's ranks die together), then decides. Recoverable (rank 0 alive, no lost rank's replica holder
+lost too, the survivors of the previous recovery done with it): it tells the survivors on the job's store,
+
+    lost/<generation> = {"lost": [ranks of the current world], "world_size": W, "died_at": unix time}
+
+and the survivors (orchestrator/recovery.py) rebuild the state in a world without them. Otherwise it stops the run,
+naming the lost ranks and what was lost. Ranks are numbered in the current world: the processes still in it, in
+launch order (survivors keep their order across a recovery).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+
+from rlhf_dyna.elastic.replicas import holder_of, unrecoverable
+
+LOST_KEY = "lost/{}"  # on the job's store (elastic.join_world.job_client_store), generation 1, 2, ...
+RECOVERED_KEY = "recovered/{}"  # set by rank 0 of the new world once its recovery is done
+SETTLE_S = 0.5  # deaths this close together are one failure (a node's ranks), decided together
+STORE_RANK = 0
+
+
+def lost_key(generation: int) -> str:
+    return LOST_KEY.format(generation)
+
+
+def recovered_key(generation: int) -> str:
+    return RECOVERED_KEY.format(generation)
+
+
+@dataclass
+class LossWatch:
+    """Which launched processes form the current world, and what to do when some of them die."""
+
+    world_size: int
+    members: list[int] = field(default_factory=list)  # launched process index of each rank of the current world
+    generation: int = 0  # recoveries announced so far
+
+    def __post_init__(self) -> None:
+        self.members = list(range(self.world_size))
+
+    def decide(self, dead: list[int], recovered_before: bool) -> tuple[dict | None, str | None]:
+        """For the processes `dead` (launch indices, all members): (the announcement to write, None) where the
+        survivors can recover, else (None, why the run stops). `recovered_before`: the previous recovery finished."""
+        world = len(self.members)
+        ranks = sorted(self.members.index(p) for p in dead)
+        named = ", ".join(f"rank {r} (process {self.members[r]})" for r in ranks)
+        if STORE_RANK in ranks:
+            return None, (f"{named} of {world} lost: rank {STORE_RANK} serves the job's store, which the survivors "
+                          f"need to meet in a new world; recovery without it is not built yet (the store moves into "
+                          f"the launcher in a later version). Stopped the run; resume it with trainer.resume=auto.")
+        if not recovered_before:
+            return None, (f"{named} of {world} lost while the survivors were still recovering from the previous "
+                          f"loss: a failure during recovery stops the run. Resume it with trainer.resume=auto.")
+        if world - len(ranks) < 1:
+            return None, f"{named}: every rank lost. Resume the run with trainer.resume=auto."
+        gone = unrecoverable(tuple(ranks), world)
+        if gone:
+            pieces = "; ".join(f"rank {r}'s shard of every training role's state (its replica was on rank "
+                               f"{holder_of(r, world)}, lost too)" for r in gone)
+            return None, (f"{named} of {world} lost at once: {pieces}. Nothing in host memory holds those pieces, "
+                          f"and loading a checkpoint in place is not built yet: stopped the run. Resume it with "
+                          f"trainer.resume=auto.")
+        return {"lost": ranks, "world_size": world, "processes": [self.members[r] for r in ranks]}, None
+
+    def announce(self, store, verdict: dict, died_at: float) -> int:
+        """Write the announcement of the next generation; the members are the survivors from now on."""
+        self.generation += 1
+        store.set(lost_key(self.generation), json.dumps({**verdict, "died_at": died_at}))
+        self.members = [p for i, p in enumerate(self.members) if i not in set(verdict["lost"])]
+        return self.generation
+
+    def recovered(self, store) -> bool:
+        return self.generation == 0 or store.check([recovered_key(self.generation)])
+
+
+def settle(first: tuple[int, float], more) -> list[tuple[int, float]]:
+    """The first death and those that follow within SETTLE_S (`more(timeout)`: the next (process, when) or None)."""
+    deaths, deadline = [first], time.monotonic() + SETTLE_S
+    while (left := deadline - time.monotonic()) > 0:
+        nxt = more(left)
+        if nxt is not None:
+            deaths.append(nxt)
+    return deaths
+
+
+class LossHandler:
+    """spawn_ranks' hook: decides on each failure of `world_size` ranks and tells the survivors (the job's store at
+    127.0.0.1:`port`); `stop_reason` says why the run must stop."""
+
+    def __init__(self, world_size: int, port: int) -> None:
+        self.watch, self.port, self.store = LossWatch(world_size), port, None
+        self.lost_processes: set[int] = set()
+
+    def _store(self):
+        if self.store is None:
+            # deferred: the launcher's refusals and plain runs need not import torch.distributed
+            from rlhf_dyna.elastic.join_world import job_client_store
+            self.store = job_client_store("127.0.0.1", self.port)
+        return self.store
+
+    def on_deaths(self, dead: list[int], died_at: float) -> str | None:
+        """`dead`: launched processes that exited with an error; None if the survivors recover, else why to stop."""
+        dead = [p for p in dead if p in self.watch.members]
+        if not dead:
+            return None
+        if self.watch.members[STORE_RANK] in dead:  # the store went with it: nothing to ask
+            return self.watch.decide(dead, True)[1]
+        try:
+            store = self._store()
+            verdict, why = self.watch.decide(dead, self.watch.recovered(store))
+        except Exception as err:  # the store went with rank 0's process, or does not answer
+            return f"processes {dead} lost and the job's store does not answer ({err}); stopped the run."
+        if why is not None:
+            return why
+        generation = self.watch.announce(store, verdict, died_at)
+        self.lost_processes.update(dead)
+        ranks = ", ".join(str(r) for r in verdict["lost"])
+        print(f"rlhf_dyna: rank {ranks} of {verdict['world_size']} lost (process {', '.join(map(str, dead))}); the "
+              f"survivors rebuild its state from the replicas (recovery {generation})", file=sys.stderr, flush=True)
+        return None

@@ -1,0 +1,302 @@
+"""Surviving a lost rank (elastic.replicas=1, placement=colocate; docs/elastic.md, "Replicas and recovery").
+
+Every `elastic.snapshot_every` steps, at the step's end, each rank copies its shard of every training role's state
+(fp32 parameters and AdamW moments of the actor and critic, the reference's parameters) to host memory and sends it
+by the ring plan to the next rank (transition/replica_state.py, elastic/replicas.py), and keeps the loop's state of
+that step (prompt sampler, RNGs, task position, KL controller).
+
+When a rank dies, the launcher announces it on the job's store (launch/lost_ranks.py). A watchdog thread on every
+rank waits for that announcement and shuts the old world's connections (launch/sockets.py: gloo has no abort), so a
+rank blocked in a collective gets out at once. The loop (orchestrator/loop.py) hands the error to `recover`, which:
+1. waits for the announcement (an error without one is re-raised: it was not a lost rank);
+2. aborts vLLM's unfinished requests, releases vLLM's groups and the old default group (rollout/reform.py) and
+   enters a new default group over the survivors (elastic/world_switch.py);
+3. plans the new world as a leave of the lost ranks would (elastic.membership.world_after), builds empty engines on
+   its mesh and fills them from the snapshot: the survivors' own pieces and the lost ranks' replicas, by the leave's
+   plan with the lost ranks' sends served by their replica holders;
+4. rolls the loop back to the snapshot's step, re-forms vLLM over the new world, syncs the weights, and refreshes
+   the replicas on the new ring at once.
+The next step logs elastic/recovery/{seconds,steps_lost,bytes_moved,source,...}.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..config import Config
+from ..elastic.join_world import job_client_store
+from ..elastic.membership import WorldChange, world_after
+from ..elastic.placement import Placement
+from ..elastic.policies import make_placement
+from ..elastic.replicas import Served, holder_of
+from ..elastic.world_switch import enter_new_world
+from ..launch.lost_ranks import lost_key, recovered_key
+from ..launch.sockets import shut_connections
+from ..rollout.reform import reform, release_groups
+from ..train.mesh import build_mesh
+from ..transition.relayout import empty_engine_like, meta_skeleton
+from ..transition.replica_state import RoleSnapshot, restore_role, send_replica, snapshot_bytes, take_snapshot
+from .membership import global_batch
+from .placements import placement_request
+from .run import Run
+
+ROLES = ("actor", "critic", "reference")
+ANNOUNCED_WITHIN_S = 30.0  # an error with no lost rank announced by then was not a lost rank's: it is re-raised
+POLL_S = 0.05
+
+
+class RecoveryImpossible(RuntimeError):
+    """The survivors cannot rebuild the lost state: the message names what was lost."""
+
+
+@dataclass
+class LoopState:
+    """What a survivor rolls back to besides the engines: the loop's state after `step`."""
+
+    step: int
+    rng: random.Random
+    python_rng: object
+    torch_rng: torch.Tensor
+    task_state: dict
+    kl_ctl: object
+
+    @classmethod
+    def of(cls, run: Run, step: int) -> LoopState:
+        return cls(step, copy.deepcopy(run.rng), random.getstate(), torch.get_rng_state(),
+                   copy.deepcopy(getattr(run.task, "state_dict", dict)()), copy.deepcopy(run.kl_ctl))
+
+    def restore(self, run: Run) -> None:
+        run.rng, run.kl_ctl = copy.deepcopy(self.rng), copy.deepcopy(self.kl_ctl)
+        random.setstate(self.python_rng)
+        torch.set_rng_state(self.torch_rng)
+        if self.task_state:
+            run.task.load_state_dict(copy.deepcopy(self.task_state))
+
+
+class Watchdog:
+    """A thread that waits for the launcher's announcement of lost ranks and shuts the old world's connections."""
+
+    def __init__(self) -> None:
+        self.store = job_client_store()  # its own client: the main thread's may be blocked
+        self.generation = 0
+        self.announced = threading.Event()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True, name="rlhf_dyna-loss-watchdog")
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.stopped.is_set():
+            if not self.announced.is_set() and self.store.check([lost_key(self.generation + 1)]):
+                try:
+                    shut_connections({int(os.environ["MASTER_PORT"])})
+                finally:  # the main thread goes on whatever happened here
+                    self.announced.set()
+            time.sleep(POLL_S)
+
+    def wait(self, timeout: float) -> dict | None:
+        """The next announcement (after this rank's old-world connections are shut), or None by `timeout`."""
+        if not self.announced.wait(timeout):
+            return None
+        self.generation += 1
+        return json.loads(self.store.get(lost_key(self.generation)))
+
+    def rearm(self) -> None:
+        self.announced.clear()
+
+    def close(self) -> None:
+        self.stopped.set()
+
+
+class Replicas:
+    """elastic.replicas=1 on one rank: the snapshots, the watchdog, the recovery."""
+
+    def __init__(self, cfg: Config) -> None:
+        request = placement_request(cfg)
+        self.cfg, self.every = cfg, cfg.elastic.snapshot_every
+        self.placement: Placement = make_placement(request)
+        self.preferred, self.batch = request.train, global_batch(cfg)
+        self.roles: dict[str, RoleSnapshot] = {}
+        self.loop: LoopState | None = None
+        self.staged: tuple[dict[str, RoleSnapshot], LoopState] | None = None  # received, not yet committed
+        self.watchdog = Watchdog()
+        self.store = job_client_store()  # the main thread's client (the watchdog polls its own)
+        self.pending: dict[str, float] = {}  # the recovery's metrics, logged with the next step
+        self.side = dist.new_group(backend="gloo")  # the snapshot thread's: collectives of its own, beside the loop's
+        self.sender: threading.Thread | None = None
+        self.send_error: BaseException | None = None
+        self.sent: dict[str, float] = {}  # the last completed send's metrics
+        self.recorder = None  # the runtime's trace: the snapshots' and the recovery's events
+        rank, world = dist.get_rank(), dist.get_world_size()
+        print(f"rlhf_dyna: elastic.replicas=1: rank {rank} (pid {os.getpid()}) holds the replica of rank "
+              f"{(rank - 1) % world}'s shards, refreshed every {self.every} step(s)", flush=True)
+
+    def snapshot(self, run: Run, runtime, step: int, background: bool = True) -> dict[str, float]:
+        """Every role's state and the loop's after `step` copied to host memory (here: the live state changes in the
+        next step), each shard's replica sent to the next rank by a thread over a group of its own during the next
+        step's generation (or here, `background=False`); committed once every rank has received its replica. The
+        metrics: this copy's and the wait for the previous send (elastic/snapshot/{copy,wait}_seconds), and the
+        previous send's elastic/snapshot/{seconds,bytes,host_bytes,replica_bytes}."""
+        waited = self.finish_sending()
+        start = time.perf_counter()
+        roles = {role: take_snapshot(getattr(runtime, role)) for role in ROLES if getattr(runtime, role) is not None}
+        loop = LoopState.of(run, step)
+        self.recorder = runtime.recorder
+        copied = time.perf_counter() - start
+        self.sender = threading.Thread(target=self._send, args=(roles, loop, start, copied), daemon=True,
+                                       name="rlhf_dyna-snapshot")
+        self.sender.start()
+        if not background:
+            waited += self.finish_sending()
+        return {**self.sent, "elastic/snapshot/copy_seconds": copied, "elastic/snapshot/wait_seconds": waited}
+
+    def _send(self, roles: dict[str, RoleSnapshot], loop: LoopState, start: float, copied: float) -> None:
+        """The snapshot thread: the ring plans over the side group, then the commit."""
+        try:
+            began, moved = time.perf_counter(), 0
+            for snap in roles.values():
+                moved += send_replica(snap, self.side, recorder=self.recorder)
+            # complete here (this rank's receives are done); committed once every rank is: a lost rank may interrupt
+            # the barrier after some passed it, and then every rank had received everything (recover promotes it)
+            self.staged = (roles, loop)
+            dist.barrier(group=self.side)
+            (self.roles, self.loop), self.staged = self.staged, None
+            own, replica = snapshot_bytes(roles)
+            self.sent = {"elastic/snapshot/seconds": copied + time.perf_counter() - began,
+                         "elastic/snapshot/bytes": float(moved), "elastic/snapshot/host_bytes": float(own + replica),
+                         "elastic/snapshot/replica_bytes": float(replica)}
+        except Exception as err:  # noqa: BLE001 - handed to the main thread by finish_sending
+            self.send_error = err
+
+    def finish_sending(self, timeout: float | None = None) -> float:
+        """Wait for the snapshot thread; its error (a lost rank's, then the loop recovers) is raised here."""
+        start = time.perf_counter()
+        if self.sender is not None:
+            self.sender.join(timeout)
+            if self.sender.is_alive():
+                raise RecoveryImpossible(f"the snapshot thread did not end within {timeout} s")
+            self.sender = None
+        err, self.send_error = self.send_error, None
+        if err is not None:
+            raise err
+        return time.perf_counter() - start
+
+    def after_step(self, run: Run, runtime, step: int) -> dict[str, float]:
+        """The metrics to log with `step`: a due snapshot's, the last recovery's, the world's size."""
+        metrics, self.pending = {**self.pending, "elastic/world_size": float(dist.get_world_size())}, {}
+        if step % self.every == 0:
+            metrics.update(self.snapshot(run, runtime, step))
+        return metrics
+
+    def recover(self, run: Run, runtime, err: BaseException, step: int) -> int:
+        """After `err` interrupted `step`: rebuild the world without the announced lost ranks (collective over the
+        survivors) and return the step to run next; re-raises `err` where no rank was lost."""
+        caught = time.time()
+        news = self.watchdog.wait(ANNOUNCED_WITHIN_S)
+        if news is None:
+            raise err
+        lost, old_world, died_at = tuple(news["lost"]), news["world_size"], news["died_at"]
+        old_rank = dist.get_rank() if dist.is_initialized() else int(os.environ["RANK"])
+        started = time.perf_counter()
+        try:  # the snapshot thread: its connections are shut too, so it ends at once
+            self.finish_sending(timeout=ANNOUNCED_WITHIN_S)
+        except RecoveryImpossible:
+            raise
+        except Exception:  # noqa: BLE001 - the lost rank's error: the snapshot it sent is not committed
+            pass
+        runtime.rollout.drop_requests()
+        backend = dist.get_backend() if dist.is_initialized() else "gloo"
+        release_groups()  # vLLM's groups and the old default group; the engines stay
+        served = Served(lost, old_world)
+        new_rank, size = served.survivors.index(old_rank), len(served.survivors)
+        # a client of its own: the watchdog's is polled from its thread; a prefix no leave or join uses
+        enter_new_world(job_client_store(), 1000 + self.watchdog.generation, new_rank, size, backend)
+        self.watchdog.rearm()
+        self.side = dist.new_group(backend="gloo")
+        self.agree_on_snapshot()
+        if self.loop is None or not self.roles:
+            raise RecoveryImpossible(f"rank {list(lost)} lost during step {step}, before the first snapshot: no "
+                                     f"replica holds its state yet") from err
+        entered = time.perf_counter()
+        new = world_after(self.placement, self.preferred, self.cfg.rollout.tp, self.batch,
+                          WorldChange(old_world, lost))
+        layout = new.layout.fill(size)
+        mesh, engines, moved, local = build_mesh(layout), {}, 0, 0
+        for move in new.moves:
+            old = getattr(runtime, move.role)
+            engines[move.role] = empty_engine_like(old, layout, mesh, meta_skeleton(old.model))
+            done = restore_role(self.roles[move.role], engines[move.role], move.dst, served,
+                                recorder=runtime.recorder)
+            moved, local = moved + done.bytes_moved, local + done.local_bytes
+            setattr(runtime, move.role, None)  # the old world's engine: its state is rebuilt
+        restored = time.perf_counter()
+        reform(runtime.rollout, new_rank, size)  # the same engine, one replica fewer per lost rank
+        runtime.enter_world(layout, engines)
+        runtime.sync_weights()
+        self.loop.restore(run)
+        if run.tracker is not None:  # a snapshot still being sent when the rank was lost: a logged step is redone
+            run.tracker.rewind(self.loop.step)
+        self.placement = new.placement
+        rolled = time.perf_counter()
+        self.snapshot(run, runtime, self.loop.step, background=False)  # the replicas of the new ring, at once
+        done_at = time.perf_counter()
+        trace_phases(runtime.recorder, step, died_at, caught, started, (entered, restored, rolled, done_at))
+        if new_rank == 0:
+            self.store.set(recovered_key(self.watchdog.generation), "1")
+            holders = ", ".join(str(holder_of(r, old_world)) for r in lost)
+            print(f"rlhf_dyna: rank {', '.join(map(str, lost))} of {old_world} lost during step {step} "
+                  f"({err_line(err)}); rebuilt its state from the replicas on rank {holders} and the "
+                  f"survivors' own shards ({moved / 2**20:,.2f} MiB moved), rolled back to step {self.loop.step}; "
+                  f"training layout {layout.describe()} on {size} ranks, {done_at - started:.2f} s", flush=True)
+        self.pending = {"elastic/recovery/seconds": done_at - started,
+                        "elastic/recovery/steps_lost": float(step - self.loop.step),
+                        "elastic/recovery/bytes_moved": float(moved), "elastic/recovery/source": 1.0,
+                        "elastic/recovery/detect_seconds": caught - died_at,
+                        "elastic/recovery/world_seconds": entered - started,
+                        "elastic/recovery/move_seconds": restored - entered,
+                        "elastic/recovery/rollout_seconds": rolled - restored,
+                        "elastic/recovery/snapshot_seconds": self.sent["elastic/snapshot/seconds"]}
+        return self.loop.step + 1
+
+    def agree_on_snapshot(self) -> None:
+        """Collective over the survivors: the newest snapshot any of them committed (a rank that committed it passed
+        the barrier every rank entered with its replica received, so every survivor has it staged)."""
+        mine = torch.tensor([self.loop.step if self.loop is not None else -1], dtype=torch.int64)
+        newest = mine.clone()
+        dist.all_reduce(newest, op=dist.ReduceOp.MAX)
+        if int(newest) > int(mine):
+            if self.staged is None or self.staged[1].step != int(newest):
+                raise RecoveryImpossible(f"survivors disagree on the snapshot: step {int(newest)} committed "
+                                         f"elsewhere, this rank holds step {int(mine)}")
+            self.roles, self.loop = self.staged
+        self.staged = None
+
+    def close(self, failed: bool) -> None:
+        """The end of the run: the last snapshot's send finished (every rank's thread takes part), the watchdog off."""
+        self.watchdog.close()
+        if not failed:
+            self.finish_sending()
+
+
+def trace_phases(recorder, step: int, died_at: float, caught: float, started: float, marks: tuple) -> None:
+    """The recovery's phases on the run's trace (Perfetto, timeline.png): elastic/recovery/<phase>, wall-clock."""
+    if recorder is None:
+        return
+    offset = time.time() - time.perf_counter()  # perf_counter marks -> wall clock
+    recorder.add("elastic/recovery/detect", 0, died_at, max(0.0, caught - died_at), {"step": step})
+    begin = started
+    for name, end in zip(("world", "move", "rollout", "snapshot"), marks):
+        recorder.add(f"elastic/recovery/{name}", 0, begin + offset, end - begin, {"step": step})
+        begin = end
+
+
+def err_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[-1][:160]}" if text else type(err).__name__

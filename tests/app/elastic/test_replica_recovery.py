@@ -1,0 +1,167 @@
+"""End to end: a rank killed with SIGKILL during a step of a live run with elastic.replicas=1 (4 gloo ranks,
+placement=colocate) is survived without a restart (orchestrator/recovery.py, launch/lost_ranks.py).
+
+`kill -9` of rank 2 at a random point of step 6 (snapshots every step): the launcher does not stop the run; the three
+survivors leave the broken world, rebuild every role's state from their own shards and rank 3's replica of rank 2's,
+roll back to the step-5 snapshot, and finish; exit code 0 and no process left. The reference is honest about what
+the survivors should reach: the same run's checkpoint of step 5 (written before the kill) resumed on 3 ranks by
+`trainer.resume`, whose steps 6-8 must log the same losses, grad norms, rewards, lengths and eval (relative 1e-5).
+Two adjacent ranks killed at once (rank 2 held rank 1's replica), and rank 0 killed (its process serves the job's
+store), stop the run cleanly within a time limit, naming the ranks and what was lost, with no process left."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlhf_dyna.orchestrator.checkpoint_dirs import scan
+from tests.app.app_runs import read_metrics
+from tests.app.marked_processes import MARK, marked_processes
+from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
+
+STEPS, KILL_IN = 8, 6
+ARGS = [a for a in GRPO4 if not a.startswith("trainer.total_steps=")] + [f"trainer.total_steps={STEPS}"]
+REPLICAS = ["elastic.replicas=1", "elastic.snapshot_every=1", f"trainer.save_every={KILL_IN - 1}",
+            "trainer.keep_checkpoints=0"]
+
+
+def rank_pid(run_dir: Path, rank: int, deadline: float) -> int:
+    """The pid a rank announces with its replica duty (orchestrator/recovery.Replicas)."""
+    log = run_dir / "logs" / f"rank{rank}.log"
+    while time.monotonic() < deadline:
+        for line in (log.read_text() if log.exists() else "").splitlines():
+            if f"rank {rank} (pid " in line and "holds the replica" in line:
+                return int(line.split("(pid ")[1].split(")")[0])
+        time.sleep(0.2)
+    raise TimeoutError(f"rank {rank} never announced its pid in {log}")
+
+
+def wait_for(check, what: str, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(what)
+
+
+def logged(run_dir: Path, step: int) -> bool:
+    path = run_dir / "metrics.jsonl"
+    return path.exists() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines() if line)
+
+
+def start(run_dir: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, **{MARK: str(run_dir)})
+    return subprocess.Popen([sys.executable, "-m", "rlhf_dyna", *args, f"hydra.run.dir={run_dir}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def run_and_kill(run_dir: Path, ranks: tuple[int, ...], after_step: int, at: float, *args: str,
+                 limit: float = 600) -> tuple[subprocess.CompletedProcess, float]:
+    """The app, with `ranks` killed (SIGKILL) once step `after_step` is logged and checkpointed, `at` x that step's
+    time later (a point inside the next step); the finished process and the seconds from the kill to the launcher's
+    exit."""
+    proc = start(run_dir, *args)
+    try:
+        deadline = time.monotonic() + limit
+        pids = [rank_pid(run_dir, r, deadline) for r in ranks]
+        wait_for(lambda: logged(run_dir, after_step) and (run_dir / "checkpoints" / f"step_{after_step}").is_dir(),
+                 f"step {after_step} and its checkpoint", deadline)
+        step_seconds = next(r for r in read_metrics(run_dir) if r["step"] == after_step)["timing_s/step"]
+        time.sleep(at * step_seconds)
+        killed = time.monotonic()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_marked(run_dir)
+
+
+def last_per_step(rows: list[dict]) -> list[dict]:
+    by_step = {r["step"]: r for r in rows}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("recipe", ["grpo_tiny", "ppo_tiny"])
+def test_a_rank_killed_during_a_step_is_survived_from_the_replicas(tmp_path: Path, recipe: str) -> None:
+    """PPO: the critic's parameters and AdamW moments are rebuilt too."""
+    args = [f"recipe={recipe}" if a == "recipe=grpo_tiny" else a for a in ARGS]
+    run_dir, at = tmp_path / "killed", random.Random().uniform(0.05, 0.7)
+    done, _ = run_and_kill(run_dir, (2,), KILL_IN - 1, at, *args, *REPLICAS)
+    assert done.returncode == 0, f"killed at {at:.2f} of a step\n" + done.stdout[-3000:] + done.stderr[-3000:]
+    assert not marked_processes(str(run_dir))
+    assert "rank 2 of 4 lost" in done.stderr
+    rows = last_per_step(read_metrics(run_dir))
+    assert [r["step"] for r in rows] == list(range(STEPS + 1))
+    assert [r.get("elastic/world_size") for r in rows[KILL_IN:]] == [3.0] * (STEPS - KILL_IN + 1)
+    first = rows[KILL_IN]
+    assert first["elastic/recovery/steps_lost"] == 1.0 and first["elastic/recovery/source"] == 1.0
+    assert first["elastic/recovery/bytes_moved"] > 0 and first["elastic/recovery/seconds"] > 0
+    assert all(r["elastic/snapshot/bytes"] > 0 for r in rows[1:])
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert f"lost during step {KILL_IN}" in log and f"rolled back to step {KILL_IN - 1}" in log
+
+    reference_dir = tmp_path / "resumed"
+    resumed = run(reference_dir, *[a for a in args if not a.startswith("parallel.world_size=")],
+                  "parallel.world_size=3", f"trainer.resume={run_dir / 'checkpoints' / f'step_{KILL_IN - 1}'}")
+    kill_marked(reference_dir)
+    assert any(abs(r["actor/pg_loss"]) > 1e-3 for r in resumed), "no learning signal: equality would be vacuous"
+    assert_same_metrics(resumed, rows[KILL_IN:])
+
+
+@pytest.mark.timeout(600)
+def test_two_adjacent_ranks_lost_stop_the_run_cleanly(tmp_path: Path) -> None:
+    run_dir = tmp_path / "two"
+    done, seconds = run_and_kill(run_dir, (1, 2), 2, 0.3, *[a for a in ARGS if not a.startswith("trainer.total_steps")],
+                                 "trainer.total_steps=40", *REPLICAS[:2], "trainer.save_every=2", limit=400)
+    assert done.returncode != 0
+    assert seconds < 30, f"the stop took {seconds:.1f} s"
+    assert "rank 1 (process 1), rank 2 (process 2) of 4 lost at once" in done.stderr, done.stderr[-3000:]
+    assert "rank 1's shard of every training role's state (its replica was on rank 2, lost too)" in done.stderr
+    assert not marked_processes(str(run_dir))
+
+
+@pytest.mark.timeout(600)
+def test_rank_0_lost_stops_the_run_cleanly_naming_why(tmp_path: Path) -> None:
+    """Rank 0's process serves the job's store, where the survivors would meet: a clean stop, not a hang."""
+    run_dir = tmp_path / "zero"
+    done, seconds = run_and_kill(run_dir, (0,), 2, 0.3, *[a for a in ARGS if not a.startswith("trainer.total_steps")],
+                                 "trainer.total_steps=40", *REPLICAS[:2], "trainer.save_every=2", limit=400)
+    assert done.returncode != 0
+    assert seconds < 30, f"the stop took {seconds:.1f} s"
+    assert "rank 0 (process 0) of 4 lost: rank 0 serves the job's store" in done.stderr, done.stderr[-3000:]
+    assert not marked_processes(str(run_dir))
+
+
+@pytest.mark.timeout(600)
+def test_a_rank_killed_while_a_checkpoint_is_written_leaves_the_previous_one_usable(tmp_path: Path) -> None:
+    """kill -9 of rank 2 the moment step 4's checkpoint starts (its step_4.tmp dir appears): the survivors recover,
+    finish the run (exit 0), step 2's checkpoint stays complete, and the run's later checkpoints are complete."""
+    run_dir = tmp_path / "saving"
+    proc = start(run_dir, *ARGS, *REPLICAS[:2], "trainer.save_every=2", "trainer.keep_checkpoints=0")
+    try:
+        deadline = time.monotonic() + 500
+        pid = rank_pid(run_dir, 2, deadline)
+        wait_for(lambda: (run_dir / "checkpoints" / "step_4.tmp").is_dir(), "step 4's checkpoint started", deadline)
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_marked(run_dir)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert not marked_processes(str(run_dir))
+    complete, _ = scan(run_dir / "checkpoints")
+    steps = [step for step, _ in complete]
+    assert {2, 6, 8} <= set(steps), steps
+    assert [r["step"] for r in last_per_step(read_metrics(run_dir))] == list(range(STEPS + 1))

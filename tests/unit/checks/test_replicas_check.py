@@ -1,0 +1,53 @@
+"""elastic.replicas and elastic.snapshot_every (checks/replicas.py): the values, a world of one, and what recovery from a
+lost rank does not run with yet are refused before spawn in one paragraph naming the value and what runs."""
+from __future__ import annotations
+
+import pytest
+
+from rlhf_dyna.checks.elastic import join_refusal
+from rlhf_dyna.checks.replicas import RECOVERS, check_replicas
+from rlhf_dyna.config import Config
+from rlhf_dyna.errors import ConfigError
+
+
+def config(**changes) -> Config:
+    cfg = Config()
+    cfg.parallel.world_size, cfg.task.prompts_per_step, cfg.rollout.n = 4, 12, 4
+    cfg.elastic.replicas, cfg.model.dtype = 1, "float32"  # the tiny models' dtype
+    for key, value in changes.items():
+        section, name = key.split("__")
+        setattr(getattr(cfg, section), name, value)
+    return cfg
+
+
+def test_a_colocated_dp_or_tp_run_may_keep_replicas():
+    check_replicas(config())
+    check_replicas(config(parallel__world_size=2, task__prompts_per_step=2))
+    check_replicas(config(elastic__replicas=0, parallel__world_size=1))  # off: nothing to check
+    assert join_refusal(config()) is not None  # auto accept_joins resolves to false beside replicas
+
+
+@pytest.mark.parametrize("changes,named", [
+    (dict(elastic__replicas=2), "elastic.replicas=2: it is 0"),
+    (dict(elastic__replicas=-1), "elastic.replicas=-1: it is 0"),
+    (dict(elastic__snapshot_every=0), "elastic.snapshot_every=0: the replicas are refreshed every K steps"),
+    (dict(parallel__world_size=1), "elastic.replicas=1 with parallel.world_size=1: a replica lives on another rank"),
+    (dict(placement__policy="split"), "this run could not recover from a lost rank yet: placement=split"),
+    (dict(rollout__tp=2), "rollout.tp=2"),
+    (dict(model__dtype="bfloat16"), "model.dtype=bfloat16"),
+    (dict(elastic__events=["leave:1@2"]), "elastic.events, elastic.leave_on_sigterm or elastic.accept_joins=true"),
+    (dict(task__prompts_per_step=8), "the survivors of a lost rank could not go on: rank 1 leaves (4 -> 3 ranks): "
+                                     "the actor would train with dp=3"),
+])
+def test_what_recovery_cannot_take_is_refused_naming_the_value(changes, named):
+    with pytest.raises(ConfigError) as err:
+        check_replicas(config(**changes))
+    assert named in str(err.value)
+    if "could not recover" in named or "rollout.tp" in named or "elastic.events" in named:
+        assert RECOVERS in str(err.value)
+
+
+def test_the_dry_run_plans_without_the_live_checks():
+    cfg = config(placement__policy="split")
+    cfg.dry_run = True
+    check_replicas(cfg)

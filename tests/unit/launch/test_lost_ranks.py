@@ -1,0 +1,45 @@
+"""The launcher's decision on lost ranks (launch/lost_ranks.py), with a dict for the job's store: which losses the
+survivors recover from, the announcement they read, the ranks renumbered after it, and the clean stops that name the
+lost ranks and pieces (the app test, tests/app/elastic/test_replica_recovery.py, kills real ranks)."""
+from __future__ import annotations
+
+import json
+
+from rlhf_dyna.launch.lost_ranks import LossWatch, lost_key, recovered_key
+
+
+class DictStore:
+    def __init__(self) -> None:
+        self.data: dict[str, str] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.data[key] = value
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.data for k in keys)
+
+
+def test_one_lost_rank_is_announced_and_the_survivors_renumbered():
+    watch, store = LossWatch(4), DictStore()
+    verdict, why = watch.decide([2], watch.recovered(store))
+    assert why is None and verdict == {"lost": [2], "world_size": 4, "processes": [2]}
+    assert watch.announce(store, verdict, died_at=12.5) == 1
+    assert json.loads(store.data[lost_key(1)]) == {**verdict, "died_at": 12.5}
+    assert watch.members == [0, 1, 3]
+    # a second loss before the survivors said they recovered: a failure during recovery stops the run
+    _, why = watch.decide([3], watch.recovered(store))
+    assert "rank 2 (process 3) of 3 lost while the survivors were still recovering" in why
+    store.set(recovered_key(1), "1")
+    verdict, why = watch.decide([3], watch.recovered(store))  # process 3 is rank 2 of the new world
+    assert why is None and verdict["lost"] == [2] and verdict["world_size"] == 3
+
+
+def test_ranks_lost_with_their_replica_holders_or_rank_0_stop_the_run_naming_them():
+    watch = LossWatch(4)
+    _, why = watch.decide([1, 2], True)
+    assert "rank 1 (process 1), rank 2 (process 2) of 4 lost at once: rank 1's shard of every training role's " \
+           "state (its replica was on rank 2, lost too)" in why
+    _, why = watch.decide([3, 0], True)
+    assert "rank 0 serves the job's store" in why
+    verdict, why = watch.decide([1, 3], True)  # not adjacent: ranks 2 and 0 hold their replicas
+    assert why is None and verdict["lost"] == [1, 3]
