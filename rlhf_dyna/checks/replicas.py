@@ -3,8 +3,9 @@ that has a second rank to hold the replicas, and what recovery from a lost rank 
 from __future__ import annotations
 
 from ..config import Config
-from ..elastic.membership import STORE_HOST_RANK, MembershipError, WorldChange, live_refusal, world_after
+from ..elastic.membership import MembershipError, WorldChange, live_refusal, world_after
 from ..errors import ConfigError
+from ..launch.lost_ranks import UNRECOVERED_RANK
 from ..orchestrator.membership import global_batch
 from ..orchestrator.placements import placement_request, scores_with_reward_model
 from ..elastic.policies import make_placement
@@ -12,8 +13,8 @@ from ..elastic.policies import make_placement
 RECOVERS = ("recovery from a lost rank runs under placement=colocate with a training layout of dp and tp "
             "(parallel.train pp, cp, ep = 1, zero=3), rollout.tp=1, model.dtype=float32, no parallel.schedule, no "
             "reward model, no elastic.events, elastic.leave_on_sigterm or elastic.accept_joins=true, launched by "
-            f"python -m rlhf_dyna (not torchrun), and any rank but rank {STORE_HOST_RANK} lost (it serves the job's "
-            "store)")
+            f"python -m rlhf_dyna (not torchrun), and any rank but rank {UNRECOVERED_RANK} lost (it writes the "
+            "run's metrics and leads the recovery)")
 
 
 def recovery_problems(cfg: Config, under_torchrun: bool = False) -> list[str]:
@@ -45,7 +46,7 @@ def unrecoverable_losses(cfg: Config) -> list[str]:
     request = placement_request(cfg)
     placement, world, out = make_placement(request), cfg.parallel.world_size, []
     for rank in range(world):
-        if rank == STORE_HOST_RANK:
+        if rank == UNRECOVERED_RANK:
             continue
         change = WorldChange(world, (rank,))
         try:

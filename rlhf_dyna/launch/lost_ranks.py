@@ -22,7 +22,7 @@ from rlhf_dyna.elastic.replicas import holder_of, unrecoverable
 LOST_KEY = "lost/{}"  # on the job's store (elastic.join_world.job_client_store), generation 1, 2, ...
 RECOVERED_KEY = "recovered/{}"  # set by rank 0 of the new world once its recovery is done
 SETTLE_S = 0.5  # deaths this close together are one failure (a node's ranks), decided together
-STORE_RANK = 0
+UNRECOVERED_RANK = 0  # rank 0 writes the run's metrics and leads the recovery: its own loss is not recovered yet
 
 
 def lost_key(generation: int) -> str:
@@ -50,10 +50,10 @@ class LossWatch:
         world = len(self.members)
         ranks = sorted(self.members.index(p) for p in dead)
         named = ", ".join(f"rank {r} (process {self.members[r]})" for r in ranks)
-        if STORE_RANK in ranks:
-            return None, (f"{named} of {world} lost: rank {STORE_RANK} serves the job's store, which the survivors "
-                          f"need to meet in a new world; recovery without it is not built yet (the store moves into "
-                          f"the launcher in a later version). Stopped the run; resume it with trainer.resume=auto.")
+        if UNRECOVERED_RANK in ranks:
+            return None, (f"{named} of {world} lost: rank {UNRECOVERED_RANK} writes the run's metrics and leads the "
+                          f"recovery, and recovering its own loss is not built yet. Stopped the run; resume it with "
+                          f"trainer.resume=auto.")
         if not recovered_before:
             return None, (f"{named} of {world} lost while the survivors were still recovering from the previous "
                           f"loss: a failure during recovery stops the run. Resume it with trainer.resume=auto.")
@@ -109,7 +109,7 @@ class LossHandler:
         dead = [p for p in dead if p in self.watch.members]
         if not dead:
             return None
-        if self.watch.members[STORE_RANK] in dead:  # the store went with it: nothing to ask
+        if self.watch.members[UNRECOVERED_RANK] in dead:  # the run stops: nothing to ask the store
             return self.watch.decide(dead, True)[1]
         try:
             store = self._store()

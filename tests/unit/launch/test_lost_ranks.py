@@ -40,6 +40,6 @@ def test_ranks_lost_with_their_replica_holders_or_rank_0_stop_the_run_naming_the
     assert "rank 1 (process 1), rank 2 (process 2) of 4 lost at once: rank 1's shard of every training role's " \
            "state (its replica was on rank 2, lost too)" in why
     _, why = watch.decide([3, 0], True)
-    assert "rank 0 serves the job's store" in why
+    assert "rank 0 writes the run's metrics and leads the recovery" in why
     verdict, why = watch.decide([1, 3], True)  # not adjacent: ranks 2 and 0 hold their replicas
     assert why is None and verdict["lost"] == [1, 3]
