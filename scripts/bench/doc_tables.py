@@ -134,6 +134,13 @@ def results(bench: Path, prefix: str = "docs/bench/") -> str:
         f"{real['max_new_tokens']} tokens, {real['precision']}",
         f"rlhf_dyna {real['rlhf_dyna_step_s_median']:.1f} s, TRL (its fastest of 3 launch modes) "
         f"{real['trl_step_s_median']:.1f} s: **{real['ratio_median']:.2f}x** TRL's time", "bench_peer.json", peer["date"])
+    elastic = read(bench, "bench_elastic.json")
+    leave, join = elastic["leave"], elastic["join"]
+    row("a rank leaving a live 4-rank grpo_tiny run after step 2, and one joining a 3-rank run",
+        f"from the boundary to step 3 done: leave {leave['boundary_to_first_step_seconds']:.2f} s, "
+        f"**{100 * elastic['leave_over_restart']:.1f}%** of checkpoint and restart; join "
+        f"{join['boundary_to_first_step_seconds']:.2f} s, **{100 * elastic['join_over_restart']:.1f}%**",
+        "bench_elastic.json", elastic["date"])
     recovery = read(bench, "bench_recovery.json")
     kept, relaunched = recovery["recovery"], recovery["kill_and_relaunch"]
     row("a rank killed (kill -9) during step 6 of a 4-rank grpo_tiny run, `elastic.replicas=1`",
