@@ -16,8 +16,8 @@ import pytest
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, SYNC, assert_same_metrics, kill_marked, run, weight_files
 
-# PPO (actor, critic and reference to move) with micro-batches of 1 row
-PPO4_MB1 = ["recipe=ppo_tiny" if a == "recipe=grpo_tiny" else a.replace("micro_batch_size=16", "micro_batch_size=1")
+# PPO (actor, critic and reference to move) with micro-batches of 2 rows: training-bound, so ranks move to training
+PPO4_MB2 = ["recipe=ppo_tiny" if a == "recipe=grpo_tiny" else a.replace("micro_batch_size=16", "micro_batch_size=2")
             for a in GRPO4 if a != "algorithm.kl_coef=0.02"]
 REBALANCE = ["placement=split", "placement.max_staleness=0", "placement.rollout_ranks=3", "placement.rebalance=true",
              "placement.rebalance_every=1", "placement.rebalance_margin=0.05"]
@@ -32,9 +32,9 @@ def no_leftover_processes(tmp_path):
 
 @pytest.mark.timeout(900)
 def test_unbalanced_ppo_split_rebalances_and_logs_what_colocate_logs(tmp_path):
-    colocate = run(tmp_path / "colocate", *PPO4_MB1)
+    colocate = run(tmp_path / "colocate", *PPO4_MB2)
     before = weight_files()
-    rows = run(tmp_path / "rebalance", *PPO4_MB1, *REBALANCE)
+    rows = run(tmp_path / "rebalance", *PPO4_MB2, *REBALANCE)
     assert marked_processes(str(tmp_path / "rebalance")) == [], "engine or rank processes outlived the run"
     assert weight_files() - before == set(), "the run left its weight files in /dev/shm"
 
