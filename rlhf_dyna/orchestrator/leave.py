@@ -62,7 +62,7 @@ def left_world(membership: Membership, leaving: tuple[int, ...]) -> NewWorld:
     return new
 
 
-def preplan_moves(runtime, new: NewWorld) -> threading.Thread:
+def preplan_moves(runtime, new: NewWorld) -> None:
     """Local, at the start of the step before a scripted leave: its moves' VPS plans worked out on a thread (into the
     planner's cache), so that at the boundary only bytes move. Trained roles move their AdamW state there."""
     rank, jobs = dist.get_rank(), []
@@ -75,9 +75,7 @@ def preplan_moves(runtime, new: NewWorld) -> threading.Thread:
         for catalog, src_spec, dst_spec, kinds in jobs:
             planned(catalog, src_spec, catalog, dst_spec, kinds, DEFAULT_BUDGET_BYTES, rank)
 
-    thread = threading.Thread(target=plan, name="rlhf_dyna-leave-plans", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=plan, name="rlhf_dyna-leave-plans", daemon=True).start()
 
 
 def send_state(runtime, new: NewWorld, layout: ParallelLayout, name: str) -> tuple[dict, int, int]:

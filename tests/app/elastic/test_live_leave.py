@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.app.app_runs import read_metrics, run_cli
+from tests.app.elastic.rank_logs import announced_pid
 from tests.app.marked_processes import MARK, marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
 
@@ -109,18 +110,6 @@ def test_tensor_parallel_training_and_rollout_lose_two_ranks_and_keep_their_tp(f
     assert "training layout dp1xtp2-zero3" in (run_dir / "logs" / "rank0.log").read_text()
 
 
-def rank_pid(run_dir: Path, rank: int, deadline: float) -> int:
-    """The pid a rank announces when it takes SIGTERM as a request to leave."""
-    log = run_dir / "logs" / f"rank{rank}.log"
-    while time.monotonic() < deadline:
-        text = log.read_text() if log.exists() else ""
-        for line in text.splitlines():
-            if f"rank {rank} (pid " in line and "SIGTERM" in line:
-                return int(line.split("(pid ")[1].split(")")[0])
-        time.sleep(0.2)
-    raise TimeoutError(f"rank {rank} never announced its pid in {log}")
-
-
 def wait_for_step(run_dir: Path, step: int, deadline: float) -> None:
     metrics = run_dir / "metrics.jsonl"
     while time.monotonic() < deadline:
@@ -137,7 +126,7 @@ def run_with_sigterm(run_dir: Path, rank: int, *args: str) -> list[dict]:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 600
-        pid = rank_pid(run_dir, rank, deadline)
+        pid = announced_pid(run_dir, rank, deadline, "SIGTERM")
         wait_for_step(run_dir, 1, deadline)  # in the loop: step 1 logged, so step 2 or 3 is the rank's last
         os.kill(pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))

@@ -23,24 +23,15 @@ import pytest
 
 from rlhf_dyna.orchestrator.checkpoint_dirs import scan
 from tests.app.app_runs import read_metrics
+from tests.app.elastic.rank_logs import announced_pid
 from tests.app.marked_processes import MARK, marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
 
 STEPS, KILL_IN = 8, 6
 ARGS = [a for a in GRPO4 if not a.startswith("trainer.total_steps=")] + [f"trainer.total_steps={STEPS}"]
+REPLICA_DUTY = "holds the replica"  # the line a rank announces its pid on (orchestrator/recovery.Replicas)
 REPLICAS = ["elastic.replicas=1", "elastic.snapshot_every=1", f"trainer.save_every={KILL_IN - 1}",
             "trainer.keep_checkpoints=0"]
-
-
-def rank_pid(run_dir: Path, rank: int, deadline: float) -> int:
-    """The pid a rank announces with its replica duty (orchestrator/recovery.Replicas)."""
-    log = run_dir / "logs" / f"rank{rank}.log"
-    while time.monotonic() < deadline:
-        for line in (log.read_text() if log.exists() else "").splitlines():
-            if f"rank {rank} (pid " in line and "holds the replica" in line:
-                return int(line.split("(pid ")[1].split(")")[0])
-        time.sleep(0.2)
-    raise TimeoutError(f"rank {rank} never announced its pid in {log}")
 
 
 def wait_for(check, what: str, deadline: float) -> None:
@@ -70,7 +61,7 @@ def run_and_kill(run_dir: Path, ranks: tuple[int, ...], after_step: int, at: flo
     proc = start(run_dir, *args)
     try:
         deadline = time.monotonic() + limit
-        pids = [rank_pid(run_dir, r, deadline) for r in ranks]
+        pids = [announced_pid(run_dir, r, deadline, REPLICA_DUTY) for r in ranks]
         wait_for(lambda: logged(run_dir, after_step) and (run_dir / "checkpoints" / f"step_{after_step}").is_dir(),
                  f"step {after_step} and its checkpoint", deadline)
         step_seconds = next(r for r in read_metrics(run_dir) if r["step"] == after_step)["timing_s/step"]
@@ -152,7 +143,7 @@ def test_a_rank_killed_while_a_checkpoint_is_written_leaves_the_previous_one_usa
     proc = start(run_dir, *ARGS, *REPLICAS[:2], "trainer.save_every=2", "trainer.keep_checkpoints=0")
     try:
         deadline = time.monotonic() + 500
-        pid = rank_pid(run_dir, 2, deadline)
+        pid = announced_pid(run_dir, 2, deadline, REPLICA_DUTY)
         wait_for(lambda: (run_dir / "checkpoints" / "step_4.tmp").is_dir(), "step 4's checkpoint started", deadline)
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))

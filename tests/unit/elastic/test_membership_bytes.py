@@ -4,7 +4,6 @@ and renamed here by hand, not through the planner's rank maps). The reference ex
 state in the new world from the old one."""
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,7 +14,6 @@ from rlhf_dyna.elastic.membership import GlobalBatch, RoleMove, WorldChange, wor
 from rlhf_dyna.elastic.membership_plan import move_plans
 from rlhf_dyna.elastic.placement import ACTOR, CRITIC, REFERENCE, ROLLOUT
 from rlhf_dyna.elastic.policies import PolicyRequest, make_placement
-from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.models.value_catalog import value_catalog
 from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.vps.layout import Layout, build_layout
@@ -70,14 +68,6 @@ def check_change(catalog, placement, layout, change: WorldChange, ranks_per_node
         for gone in change.leaving:  # a leaving rank ends up with nothing
             assert not dst.pieces(gone)
     return new
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    cfg = SimpleNamespace(model_type="qwen2", num_hidden_layers=2, hidden_size=12, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=3, intermediate_size=18, vocab_size=53,
-                          tie_word_embeddings=False, attention_bias=True)
-    return catalog_from_config(cfg, param_dtype="float32")
 
 
 CHANGES = {

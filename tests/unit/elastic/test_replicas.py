@@ -5,7 +5,6 @@ the holders' replicas, rebuild the new world's state exactly, each element from 
 expects (the survivor that held it, else the lost rank's replica holder), moving the bytes that count gives."""
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,7 +14,6 @@ from rlhf_dyna.elastic.placement import ACTOR, CRITIC, REFERENCE, ROLLOUT
 from rlhf_dyna.elastic.policies import PolicyRequest, make_placement
 from rlhf_dyna.elastic.replicas import (REPLICA, Served, bytes_between_ranks, holder_of, ring_spec, served_rank_plans,
                                         unrecoverable)
-from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.models.value_catalog import value_catalog
 from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.vps.layout import build_layout
@@ -28,14 +26,6 @@ from .test_membership_bytes import masks
 
 BATCH = GlobalBatch(prompts=420, rows=840)
 PPO = (ACTOR, CRITIC, REFERENCE, ROLLOUT)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    cfg = SimpleNamespace(model_type="qwen2", num_hidden_layers=2, hidden_size=12, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=3, intermediate_size=18, vocab_size=53,
-                          tie_word_embeddings=False, attention_bias=True)
-    return catalog_from_config(cfg, param_dtype="float32")
 
 
 def test_the_ring_and_what_cannot_be_recovered():
