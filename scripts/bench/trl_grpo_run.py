@@ -86,6 +86,8 @@ def main() -> None:
     trainer = TimedGRPOTrainer(model=args.checkpoint, reward_funcs=answer_reward, args=config, train_dataset=dataset,
                                callbacks=[timer])
     trainer.train()
+    if torch.distributed.is_initialized():  # else gloo's threads abort the interpreter's exit (SIGABRT under torchrun)
+        torch.distributed.destroy_process_group()
     if int(os.environ.get("RANK", "0")):
         return
     steps = [{"step_s": s, "generate_s": g, "train_s": s - g}
