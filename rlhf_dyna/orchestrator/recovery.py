@@ -251,7 +251,8 @@ class Recovery:
             entered = time.perf_counter()
             back_to, moved = load_in_place(run, runtime, layout, path, reform_rollout), 0
             restored = time.perf_counter()
-            whence = f"no surviving replica holds all of it: loaded {path} in place"
+            whence = f"{'no surviving replica holds all of it' if self.snapshots else 'no replicas kept'}: loaded " \
+                     f"{path} in place"
         else:
             self.agree_on_snapshot()
             if self.loop is None or not self.roles:
