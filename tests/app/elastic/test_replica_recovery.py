@@ -29,7 +29,7 @@ from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_mark
 
 STEPS, KILL_IN = 8, 6
 ARGS = [a for a in GRPO4 if not a.startswith("trainer.total_steps=")] + [f"trainer.total_steps={STEPS}"]
-REPLICA_DUTY = "holds the replica"  # the line a rank announces its pid on (orchestrator/recovery.Replicas)
+REPLICA_DUTY = "holds the replica"  # the line a rank announces its pid on (orchestrator/recovery.Recovery)
 REPLICAS = ["elastic.replicas=1", "elastic.snapshot_every=1", f"trainer.save_every={KILL_IN - 1}",
             "trainer.keep_checkpoints=0"]
 
