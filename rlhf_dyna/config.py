@@ -215,6 +215,9 @@ class ElasticConfig:
     # state also held in host memory by the next rank, refreshed every snapshot_every steps; 0 = off
     replicas: int = 0
     snapshot_every: int = 1
+    # a lost rank whose state no replica holds (elastic.replicas=0, or a replica holder lost too): the survivors load
+    # the newest complete checkpoint in place and go on. null = auto: on with elastic.replicas=1, off without
+    recover_from_checkpoint: Optional[bool] = None
 
 
 @dataclass

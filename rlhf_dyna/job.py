@@ -14,6 +14,7 @@ from .checks.elastic import join_refusal
 from .checks.resources import wants_cuda
 from .config import RESOLVED_CONFIG, load_config, to_config
 from .elastic.events import joiner_slots, parse_events
+from .elastic.replicas import recovers_from_checkpoint
 from .models.checkpoint_fields import resolve_model
 from .launch.join_file import running_job
 from .orchestrator.checkpoint_dirs import CheckpointError, resolve_trainer_resume
@@ -78,4 +79,6 @@ def run_job(dcfg: DictConfig) -> int:
     return launch.spawn_ranks(cfg.parallel.world_size, "rlhf_dyna.worker", [str(out_dir)], run_dir=out_dir, env=QUIET_ENV,
                               preload=RANK_PRELOAD, console=cfg.tracking.console, joiners=joiners,
                               join_config=out_dir / RESOLVED_CONFIG if cfg.elastic.accept_joins else None,
-                              survive_losses=cfg.elastic.replicas == 1)
+                              replicas=cfg.elastic.replicas == 1,
+                              checkpoint_recovery=recovers_from_checkpoint(cfg.elastic.replicas,
+                                                                           cfg.elastic.recover_from_checkpoint))

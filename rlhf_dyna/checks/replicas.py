@@ -1,9 +1,11 @@
-"""Checks of elastic.replicas and elastic.snapshot_every (docs/elastic.md, "Replicas and recovery"): the values, a world
-that has a second rank to hold the replicas, and what recovery from a lost rank runs with in this first version."""
+"""Checks of elastic.replicas, elastic.snapshot_every and elastic.recover_from_checkpoint (docs/elastic.md, "Replicas and
+recovery"): the values, a world that has a second rank to hold the replicas (and survivors to go on), checkpoints to
+load in place, and what recovery from a lost rank runs with in this first version."""
 from __future__ import annotations
 
 from ..config import Config
 from ..elastic.membership import MembershipError, WorldChange, live_refusal, world_after
+from ..elastic.replicas import recovers_from_checkpoint
 from ..errors import ConfigError
 from ..launch.lost_ranks import UNRECOVERED_RANK
 from ..orchestrator.membership import global_batch
@@ -69,17 +71,26 @@ def check_replicas(cfg: Config, under_torchrun: bool = False) -> None:
         raise ConfigError(f"elastic.snapshot_every={e.snapshot_every}: the replicas are refreshed every K steps, K a "
                           "whole number >= 1 (1: after every step, at most one step lost). Set e.g. "
                           "elastic.snapshot_every=1.")
-    if not e.replicas or cfg.dry_run:
+    if e.recover_from_checkpoint and cfg.trainer.save_every <= 0:
+        raise ConfigError(f"elastic.recover_from_checkpoint=true with trainer.save_every={cfg.trainer.save_every}: the "
+                          "survivors of a lost rank would load the newest complete checkpoint in place, and this run "
+                          "writes none. Set trainer.save_every=N (a checkpoint every N steps), or "
+                          "elastic.recover_from_checkpoint=false.")
+    from_checkpoint = recovers_from_checkpoint(e.replicas, e.recover_from_checkpoint)
+    if not (e.replicas or from_checkpoint) or cfg.dry_run:
         return
+    what, off = (("elastic.replicas=1", "elastic.replicas=0") if e.replicas else
+                 ("elastic.recover_from_checkpoint=true", "elastic.recover_from_checkpoint=false"))
     if cfg.parallel.world_size < 2:
-        raise ConfigError(f"elastic.replicas=1 with parallel.world_size={cfg.parallel.world_size}: a replica lives on "
-                          "another rank, and a world of one has none to hold it (nor survivors to go on). Use "
-                          "parallel.world_size >= 2, or elastic.replicas=0.")
+        why = ("a replica lives on another rank, and a world of one has none to hold it (nor survivors to go on)"
+               if e.replicas else "a world of one has no survivors to go on")
+        raise ConfigError(f"{what} with parallel.world_size={cfg.parallel.world_size}: {why}. Use "
+                          f"parallel.world_size >= 2, or {off}.")
     problems = recovery_problems(cfg, under_torchrun)
     if problems:
-        raise ConfigError(f"elastic.replicas=1: this run could not recover from a lost rank yet: {'; '.join(problems)}. "
-                          f"For now {RECOVERS}. Change those settings, or set elastic.replicas=0.")
+        raise ConfigError(f"{what}: this run could not recover from a lost rank yet: {'; '.join(problems)}. "
+                          f"For now {RECOVERS}. Change those settings, or set {off}.")
     lost = unrecoverable_losses(cfg)
     if lost:
-        raise ConfigError(f"elastic.replicas=1: the survivors of a lost rank could not go on: {lost[0]} Recovery keeps "
+        raise ConfigError(f"{what}: the survivors of a lost rank could not go on: {lost[0]} Recovery keeps "
                           "the global batch, so it must split over the survivors of any one lost rank.")

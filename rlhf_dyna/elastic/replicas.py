@@ -46,6 +46,11 @@ def ring_spec(spec: ParallelSpec, world_size: int) -> ParallelSpec:
     return placed_on(spec, [holder_of(r, world_size) for r in spec.ranks])
 
 
+def recovers_from_checkpoint(replicas: int, recover_from_checkpoint: bool | None) -> bool:
+    """elastic.recover_from_checkpoint resolved: null follows elastic.replicas (the fallback of a run with replicas)."""
+    return bool(replicas) if recover_from_checkpoint is None else bool(recover_from_checkpoint)
+
+
 def unrecoverable(lost: tuple[int, ...], world_size: int) -> tuple[int, ...]:
     """The lost ranks whose replica holder is lost too (their pieces are gone from host memory)."""
     gone = set(lost)

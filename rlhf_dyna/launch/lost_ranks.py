@@ -1,10 +1,13 @@
-"""The launcher's side of surviving a lost rank (elastic.replicas=1; docs/elastic.md, "Replicas and recovery").
+"""The launcher's side of surviving a lost rank (elastic.replicas=1 or elastic.recover_from_checkpoint; docs/elastic.md,
+"Replicas and recovery").
 
 When a rank's process dies, `spawn_ranks` does not stop the run at once: it waits a moment for other deaths of the
-same failure (a node's ranks die together), then decides. Recoverable (rank 0 alive, no lost rank's replica holder
-lost too, the survivors of the previous recovery done with it): it tells the survivors on the job's store,
+same failure (a node's ranks die together), then decides. Recoverable (rank 0 alive, the survivors of the previous
+recovery done with it, and every lost piece either held by a surviving replica or, where checkpoint recovery is on,
+in a complete checkpoint on disk): it tells the survivors on the job's store,
 
-    lost/<generation> = {"lost": [ranks of the current world], "world_size": W, "died_at": unix time}
+    lost/<generation> = {"lost": [ranks of the current world], "world_size": W, "source": "replicas" | "checkpoint",
+                         "died_at": unix time}
 
 and the survivors (orchestrator/recovery.py) rebuild the state in a world without them. Otherwise it stops the run,
 naming the lost ranks and what was lost. Ranks are numbered in the current world: the processes still in it, in
@@ -16,8 +19,10 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rlhf_dyna.elastic.replicas import holder_of, unrecoverable
+from rlhf_dyna.orchestrator.checkpoint_dirs import scan
 
 LOST_KEY = "lost/{}"  # on the job's store (elastic.join_world.job_client_store), generation 1, 2, ...
 RECOVERED_KEY = "recovered/{}"  # set by rank 0 of the new world once its recovery is done
@@ -38,6 +43,8 @@ class LossWatch:
     """Which launched processes form the current world, and what to do when some of them die."""
 
     world_size: int
+    replicas: bool = True  # elastic.replicas=1: each rank's pieces also on the next rank
+    checkpoints: Path | None = None  # where complete checkpoints are loaded from in place; None: checkpoint recovery off
     members: list[int] = field(default_factory=list)  # launched process index of each rank of the current world
     generation: int = 0  # recoveries announced so far
 
@@ -59,14 +66,19 @@ class LossWatch:
                           f"loss: a failure during recovery stops the run. Resume it with trainer.resume=auto.")
         if world - len(ranks) < 1:
             return None, f"{named}: every rank lost. Resume the run with trainer.resume=auto."
-        gone = unrecoverable(tuple(ranks), world)
-        if gone:
-            pieces = "; ".join(f"rank {r}'s shard of every training role's state (its replica was on rank "
-                               f"{holder_of(r, world)}, lost too)" for r in gone)
-            return None, (f"{named} of {world} lost at once: {pieces}. Nothing in host memory holds those pieces, "
-                          f"and loading a checkpoint in place is not built yet: stopped the run. Resume it with "
-                          f"trainer.resume=auto.")
-        return {"lost": ranks, "world_size": world, "processes": [self.members[r] for r in ranks]}, None
+        verdict = {"lost": ranks, "world_size": world, "processes": [self.members[r] for r in ranks]}
+        gone = unrecoverable(tuple(ranks), world) if self.replicas else tuple(ranks)
+        if not gone:
+            return {**verdict, "source": "replicas"}, None
+        if self.checkpoints is not None and scan(self.checkpoints)[0]:
+            return {**verdict, "source": "checkpoint"}, None
+        pieces = "; ".join(f"rank {r}'s shard of every training role's state ("
+                           + (f"its replica was on rank {holder_of(r, world)}, lost too)" if self.replicas else
+                              "elastic.replicas=0: no replica)") for r in gone)
+        fallback = (f"no complete checkpoint is under {self.checkpoints} to load in place" if self.checkpoints is not None
+                    else "loading a checkpoint in place is off (elastic.recover_from_checkpoint=false)")
+        return None, (f"{named} of {world} lost{' at once' if len(ranks) > 1 else ''}: {pieces}. Nothing in host memory holds those pieces, and "
+                      f"{fallback}: stopped the run. Resume it with trainer.resume=auto.")
 
     def announce(self, store, verdict: dict, died_at: float) -> int:
         """Write the announcement of the next generation; the members are the survivors from now on."""
@@ -93,8 +105,8 @@ class LossHandler:
     """spawn_ranks' hook: decides on each failure of `world_size` ranks and tells the survivors (the job's store at
     127.0.0.1:`port`); `stop_reason` says why the run must stop."""
 
-    def __init__(self, world_size: int, port: int) -> None:
-        self.watch, self.port, self.store = LossWatch(world_size), port, None
+    def __init__(self, world_size: int, port: int, replicas: bool = True, checkpoints: Path | None = None) -> None:
+        self.watch, self.port, self.store = LossWatch(world_size, replicas, checkpoints), port, None
         self.lost_processes: set[int] = set()
 
     def _store(self):
@@ -121,6 +133,7 @@ class LossHandler:
         generation = self.watch.announce(store, verdict, died_at)
         self.lost_processes.update(dead)
         ranks = ", ".join(str(r) for r in verdict["lost"])
+        source = "the replicas" if verdict["source"] == "replicas" else "the newest complete checkpoint"
         print(f"rlhf_dyna: rank {ranks} of {verdict['world_size']} lost (process {', '.join(map(str, dead))}); the "
-              f"survivors rebuild its state from the replicas (recovery {generation})", file=sys.stderr, flush=True)
+              f"survivors rebuild its state from {source} (recovery {generation})", file=sys.stderr, flush=True)
         return None

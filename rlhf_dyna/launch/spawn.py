@@ -178,7 +178,8 @@ def spawn_ranks(
     console: str = "progress",
     joiners: int = 0,
     join_config: Path | None = None,
-    survive_losses: bool = False,
+    replicas: bool = False,
+    checkpoint_recovery: bool = False,
 ) -> int:
     """Run `python -m entry *args` (or `python entry *args` for a .py path) as `world_size` local
     ranks and supervise them; returns the exit code for the launcher (0, the failing rank's
@@ -190,8 +191,9 @@ def spawn_ranks(
     beside the world (elastic.events join@S) with JOINER_ENV set to 0, 1, ...; they prepare, wait for their step
     boundary and enter the world then (orchestrator/joiner.py); joiner k's log is rank{world_size + k}.log.
     `join_config`: the job admits `elastic.join=RUN_DIR` processes, which run with this resolved config: run_dir/join.json
-    says where the job's store is while the ranks run (launch/join_file.py). `survive_losses` (elastic.replicas=1): a
-    rank that dies does not stop the run where the survivors can rebuild its state (launch/lost_ranks.py)."""
+    says where the job's store is while the ranks run (launch/join_file.py). `replicas` (elastic.replicas=1) and
+    `checkpoint_recovery` (elastic.recover_from_checkpoint): a rank that dies does not stop the run where the survivors
+    can rebuild its state from the replicas or from a complete checkpoint under run_dir/checkpoints (launch/lost_ranks.py)."""
     gpus = visible_gpu_count()
     processes = world_size + joiners
     check_capacity(processes, "cuda" if gpus else "cpu")
@@ -252,7 +254,8 @@ def spawn_ranks(
         view.start()  # the live display's thread starts after the forks, as ours do
 
         finished, exit_time, lost_why = 0, 0.0, None
-        losses = LossHandler(world_size, port) if survive_losses else None
+        losses = LossHandler(world_size, port, replicas, run_dir / "checkpoints" if checkpoint_recovery else None) \
+            if replicas or checkpoint_recovery else None
         while not stop_signal and failed_rank is None and finished < processes:
             try:
                 rank, when = exits.get(timeout=_POLL_S)

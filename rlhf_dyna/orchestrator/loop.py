@@ -10,11 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..config import Config
+from ..elastic.faults import kill_point
+from ..elastic.replicas import recovers_from_checkpoint
 from ..launch import DistInfo
 from ..tracking.sample_log import log_samples
 from ..tracking.timeline import write_run_trace
 from .leave import LeftWorld
-from .recovery import Replicas
+from .recovery import Recovery
 from .resume import checkpoint_and_export, export_policy, save_due
 from .reward_training import run_reward_training
 from .run import Run, make_run
@@ -59,21 +61,22 @@ def set_up(run: Run, runtime: Runtime) -> None:
 def run_steps(run: Run, runtime: Runtime, set_up: Callable[[], None]) -> None:
     """`set_up` (a launched rank's, or a joiner's entry into the world), then the steps after run.start_step, the
     export and the run's trace; the engines stopped at the end, failed or not."""
-    cfg, failed, replicas = run.cfg, True, None
+    cfg, failed, recovery = run.cfg, True, None
     try:
         set_up()
-        if cfg.elastic.replicas:  # the state to survive a lost rank with, from the start (orchestrator/recovery.py)
-            replicas = Replicas(cfg)
-            replicas.snapshot(run, runtime, run.start_step)
+        if cfg.elastic.replicas or recovers_from_checkpoint(cfg.elastic.replicas, cfg.elastic.recover_from_checkpoint):
+            recovery = Recovery(cfg)  # surviving a lost rank (orchestrator/recovery.py)
+            if cfg.elastic.replicas:  # the state to survive it with, from the start
+                recovery.snapshot(run, runtime, run.start_step)
         try:
             step = run.start_step + 1
             while step <= cfg.trainer.total_steps:
                 try:
-                    step_and_log(run, runtime, step, replicas)
+                    step_and_log(run, runtime, step, recovery)
                 except Exception as err:
-                    if replicas is None:
+                    if recovery is None:
                         raise
-                    step = replicas.recover(run, runtime, err, step)  # re-raises where no rank was lost
+                    step = recovery.recover(run, runtime, err, step)  # re-raises where no rank was lost
                     continue
                 step += 1
         except LeftWorld as left:  # elastic: this rank's state moved to the survivors, which go on without it
@@ -86,21 +89,21 @@ def run_steps(run: Run, runtime: Runtime, set_up: Callable[[], None]) -> None:
             write_run_trace(runtime.recorder, run.out_dir, title=runtime.trace_title)
         failed = False
     finally:
-        if replicas is not None:
-            replicas.close(failed)
+        if recovery is not None:
+            recovery.close(failed)
         if run.tracker is not None:
             run.tracker.close()
         runtime.close(failed)
 
 
-def step_and_log(run: Run, runtime: Runtime, step: int, replicas: Replicas | None) -> None:
+def step_and_log(run: Run, runtime: Runtime, step: int, recovery: Recovery | None) -> None:
     """One step, its evaluation when due, a snapshot when due (elastic.replicas), the log line and a checkpoint."""
     cfg = run.cfg
     metrics = rl_step(run, runtime, step)
     if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
         metrics.update(runtime.evaluate())
-    if replicas is not None:
-        metrics.update(replicas.after_step(run, runtime, step))
+    if recovery is not None:
+        metrics.update(recovery.after_step(run, runtime, step))
     run.log(step, metrics)
     save(run, runtime, step)
 
@@ -115,6 +118,7 @@ def rl_step(run: Run, runtime: Runtime, step: int) -> dict[str, float]:
         log_samples(run.out_dir, step, samples, run.tokenizer, run.cfg.tracking.sample_log)
     batch, prepared = runtime.prepare(step, samples)  # old / reference log-probs, values, advantages
     trained = runtime.train(step, batch, samples, prepared)  # the actor, the critic
+    kill_point(f"weight_sync/step_{step}", run.dist_info.rank, run.dist_info.run_ident)  # tests: a kill in the sync
     synced = runtime.sync_weights()  # the trained weights into the rollout engine(s)
     metrics.update(sample_metrics(run.cfg, samples, gen_seconds, trained.get("timing_s/train_actor", 0.0)),
                    **scored, **trained, **synced, **{"timing_s/gen": gen_seconds, "timing_s/step": time.perf_counter() - t0})

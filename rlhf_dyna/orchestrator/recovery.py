@@ -1,4 +1,5 @@
-"""Surviving a lost rank (elastic.replicas=1, placement=colocate; docs/elastic.md, "Replicas and recovery").
+"""Surviving a lost rank (elastic.replicas=1 or elastic.recover_from_checkpoint, placement=colocate; docs/elastic.md,
+"Replicas and recovery").
 
 Every `elastic.snapshot_every` steps, at the step's end, each rank copies its shard of every training role's state
 (fp32 parameters and AdamW moments of the actor and critic, the reference's parameters) to host memory and sends it
@@ -16,6 +17,8 @@ rank blocked in a collective gets out at once. The loop (orchestrator/loop.py) h
    plan with the lost ranks' sends served by their replica holders;
 4. rolls the loop back to the snapshot's step, re-forms vLLM over the new world, syncs the weights, and refreshes
    the replicas on the new ring at once.
+Where the announcement says "checkpoint" (no surviving replica holds some lost piece, or the run keeps none), step 3-4
+load the newest complete checkpoint into empty engines in place instead (orchestrator/checkpoint_recovery.py).
 The next step logs elastic/recovery/{seconds,steps_lost,bytes_moved,source,...}.
 """
 from __future__ import annotations
@@ -33,10 +36,11 @@ import torch.distributed as dist
 
 from ..config import Config
 from ..elastic.join_world import job_client_store
+from ..elastic.faults import kill_point
 from ..elastic.membership import WorldChange, world_after
 from ..elastic.placement import Placement
 from ..elastic.policies import make_placement
-from ..elastic.replicas import Served, holder_of
+from ..elastic.replicas import Served, holder_of, recovers_from_checkpoint
 from ..elastic.world_switch import enter_new_world
 from ..launch.lost_ranks import lost_key, recovered_key
 from ..launch.sockets import shut_connections
@@ -44,6 +48,7 @@ from ..rollout.reform import reform, release_groups
 from ..train.mesh import build_mesh
 from ..transition.relayout import empty_engine_like, meta_skeleton
 from ..transition.replica_state import RoleSnapshot, restore_role, send_replica, snapshot_bytes, take_snapshot
+from .checkpoint_recovery import load_in_place, newest_complete
 from .membership import global_batch
 from .placements import placement_request
 from .run import Run
@@ -51,6 +56,7 @@ from .run import Run
 ROLES = ("actor", "critic", "reference")
 ANNOUNCED_WITHIN_S = 30.0  # an error with no lost rank announced by then was not a lost rank's: it is re-raised
 POLL_S = 0.05
+SOURCES = {"replicas": 1.0, "checkpoint": 2.0}  # elastic/recovery/source: where the lost state came from
 
 
 class RecoveryImpossible(RuntimeError):
@@ -115,12 +121,12 @@ class Watchdog:
         self.stopped.set()
 
 
-class Replicas:
-    """elastic.replicas=1 on one rank: the snapshots, the watchdog, the recovery."""
+class Recovery:
+    """Surviving a lost rank, on one rank: the watchdog, the recovery, and with elastic.replicas=1 the snapshots."""
 
     def __init__(self, cfg: Config) -> None:
         request = placement_request(cfg)
-        self.cfg, self.every = cfg, cfg.elastic.snapshot_every
+        self.cfg, self.every, self.snapshots = cfg, cfg.elastic.snapshot_every, bool(cfg.elastic.replicas)
         self.placement: Placement = make_placement(request)
         self.preferred, self.batch = request.train, global_batch(cfg)
         self.roles: dict[str, RoleSnapshot] = {}
@@ -129,14 +135,20 @@ class Replicas:
         self.watchdog = Watchdog()
         self.store = job_client_store()  # the main thread's client (the watchdog polls its own)
         self.pending: dict[str, float] = {}  # the recovery's metrics, logged with the next step
-        self.side = dist.new_group(backend="gloo")  # the snapshot thread's: collectives of its own, beside the loop's
+        # the snapshot thread's: collectives of its own, beside the loop's
+        self.side = dist.new_group(backend="gloo") if self.snapshots else None
         self.sender: threading.Thread | None = None
         self.send_error: BaseException | None = None
         self.sent: dict[str, float] = {}  # the last completed send's metrics
         self.recorder = None  # the runtime's trace: the snapshots' and the recovery's events
         rank, world = dist.get_rank(), dist.get_world_size()
-        print(f"rlhf_dyna: elastic.replicas=1: rank {rank} (pid {os.getpid()}) holds the replica of rank "
-              f"{(rank - 1) % world}'s shards, refreshed every {self.every} step(s)", flush=True)
+        fallback = recovers_from_checkpoint(cfg.elastic.replicas, cfg.elastic.recover_from_checkpoint)
+        if self.snapshots:
+            print(f"rlhf_dyna: elastic.replicas=1: rank {rank} (pid {os.getpid()}) holds the replica of rank "
+                  f"{(rank - 1) % world}'s shards, refreshed every {self.every} step(s)", flush=True)
+        if fallback:
+            print(f"rlhf_dyna: elastic.recover_from_checkpoint: rank {rank} (pid {os.getpid()}) survives a lost rank "
+                  f"that no replica covers from the newest complete checkpoint", flush=True)
 
     def snapshot(self, run: Run, runtime, step: int, background: bool = True) -> dict[str, float]:
         """Every role's state and the loop's after `step` copied to host memory (here: the live state changes in the
@@ -191,7 +203,7 @@ class Replicas:
     def after_step(self, run: Run, runtime, step: int) -> dict[str, float]:
         """The metrics to log with `step`: a due snapshot's, the last recovery's, the world's size."""
         metrics, self.pending = {**self.pending, "elastic/world_size": float(dist.get_world_size())}, {}
-        if step % self.every == 0:
+        if self.snapshots and step % self.every == 0:
             metrics.update(self.snapshot(run, runtime, step))
         return metrics
 
@@ -203,6 +215,7 @@ class Replicas:
         if news is None:
             raise err
         lost, old_world, died_at = tuple(news["lost"]), news["world_size"], news["died_at"]
+        source = news.get("source", "replicas")
         old_rank = dist.get_rank() if dist.is_initialized() else int(os.environ["RANK"])
         started = time.perf_counter()
         try:  # the snapshot thread: its connections are shut too, so it ends at once
@@ -214,56 +227,84 @@ class Replicas:
         runtime.rollout.drop_requests()
         backend = dist.get_backend() if dist.is_initialized() else "gloo"
         release_groups()  # vLLM's groups and the old default group; the engines stay
-        served = Served(lost, old_world)
-        new_rank, size = served.survivors.index(old_rank), len(served.survivors)
+        survivors = [r for r in range(old_world) if r not in lost]
+        new_rank, size = survivors.index(old_rank), len(survivors)
         # a client of its own: the watchdog's is polled from its thread; a prefix no leave or join uses
         enter_new_world(job_client_store(), 1000 + self.watchdog.generation, new_rank, size, backend)
+        kill_point("elastic/recovery", run.dist_info.rank, run.dist_info.run_ident)  # tests: a failure in recovery
         self.watchdog.rearm()
-        self.side = dist.new_group(backend="gloo")
-        self.agree_on_snapshot()
-        if self.loop is None or not self.roles:
-            raise RecoveryImpossible(f"rank {list(lost)} lost during step {step}, before the first snapshot: no "
-                                     f"replica holds its state yet") from err
-        entered = time.perf_counter()
+        if self.snapshots:
+            self.side = dist.new_group(backend="gloo")
         new = world_after(self.placement, self.preferred, self.cfg.rollout.tp, self.batch,
                           WorldChange(old_world, lost))
         layout = new.layout.fill(size)
-        mesh, engines, moved, local = build_mesh(layout), {}, 0, 0
+
+        def reform_rollout() -> None:  # the same engine, one replica fewer per lost rank
+            reform(runtime.rollout, new_rank, size)
+
+        if source == "checkpoint":
+            self.roles, self.loop, self.staged = {}, None, None  # the old ring's snapshots: not of the state loaded
+            path = newest_complete(run.out_dir)
+            if path is None:
+                raise RecoveryImpossible(f"rank {list(lost)} lost during step {step} with pieces no replica holds, "
+                                         f"and no complete checkpoint under {run.out_dir} to load") from err
+            entered = time.perf_counter()
+            back_to, moved = load_in_place(run, runtime, layout, path, reform_rollout), 0
+            restored = time.perf_counter()
+            whence = f"{'no surviving replica holds all of it' if self.snapshots else 'no replicas kept'}: loaded " \
+                     f"{path} in place"
+        else:
+            self.agree_on_snapshot()
+            if self.loop is None or not self.roles:
+                raise RecoveryImpossible(f"rank {list(lost)} lost during step {step}, before the first snapshot: no "
+                                         f"replica holds its state yet") from err
+            entered = time.perf_counter()
+            engines, moved = self.restore_replicas(runtime, new, layout, Served(lost, old_world))
+            restored = time.perf_counter()
+            reform_rollout()
+            runtime.enter_world(layout, engines)
+            runtime.sync_weights()
+            self.loop.restore(run)
+            back_to = self.loop.step
+            if run.tracker is not None:  # a snapshot still being sent when the rank was lost: a logged step is redone
+                run.tracker.rewind(back_to)
+            holders = ", ".join(str(holder_of(r, old_world)) for r in lost)
+            whence = (f"rebuilt its state from the replicas on rank {holders} and the survivors' own shards "
+                      f"({moved / 2**20:,.2f} MiB moved)")
+        self.placement = new.placement
+        rolled = time.perf_counter()
+        if self.snapshots:
+            self.snapshot(run, runtime, back_to, background=False)  # the replicas of the new ring, at once
+        done_at = time.perf_counter()
+        trace_phases(runtime.recorder, step, died_at, caught, started, (entered, restored, rolled, done_at))
+        if new_rank == 0:
+            self.store.set(recovered_key(self.watchdog.generation), "1")
+            print(f"rlhf_dyna: rank {', '.join(map(str, lost))} of {old_world} lost during step {step} "
+                  f"({err_line(err)}); {whence}, rolled back to step {back_to}; training layout "
+                  f"{layout.describe()} on {size} ranks, {done_at - started:.2f} s", flush=True)
+        self.pending = {"elastic/recovery/seconds": done_at - started,
+                        "elastic/recovery/steps_lost": float(step - back_to),
+                        "elastic/recovery/bytes_moved": float(moved), "elastic/recovery/source": SOURCES[source],
+                        "elastic/recovery/detect_seconds": caught - died_at,
+                        "elastic/recovery/world_seconds": entered - started,
+                        "elastic/recovery/move_seconds": restored - entered,
+                        "elastic/recovery/rollout_seconds": rolled - restored}
+        if self.snapshots:
+            self.pending["elastic/recovery/snapshot_seconds"] = self.sent["elastic/snapshot/seconds"]
+        return back_to + 1
+
+    def restore_replicas(self, runtime, new, layout, served: Served) -> tuple[dict, int]:
+        """Collective over the new world: each role's state rebuilt into empty engines on `layout` from the
+        survivors' own snapshot copies and the lost ranks' replicas; the engines and the bytes moved between ranks."""
+        mesh, engines, moved = build_mesh(layout), {}, 0
         for move in new.moves:
             old = getattr(runtime, move.role)
             engines[move.role] = empty_engine_like(old, layout, mesh, meta_skeleton(old.model))
             done = restore_role(self.roles[move.role], engines[move.role], move.dst, served,
                                 recorder=runtime.recorder)
-            moved, local = moved + done.bytes_moved, local + done.local_bytes
+            moved += done.bytes_moved
             setattr(runtime, move.role, None)  # the old world's engine: its state is rebuilt
-        restored = time.perf_counter()
-        reform(runtime.rollout, new_rank, size)  # the same engine, one replica fewer per lost rank
-        runtime.enter_world(layout, engines)
-        runtime.sync_weights()
-        self.loop.restore(run)
-        if run.tracker is not None:  # a snapshot still being sent when the rank was lost: a logged step is redone
-            run.tracker.rewind(self.loop.step)
-        self.placement = new.placement
-        rolled = time.perf_counter()
-        self.snapshot(run, runtime, self.loop.step, background=False)  # the replicas of the new ring, at once
-        done_at = time.perf_counter()
-        trace_phases(runtime.recorder, step, died_at, caught, started, (entered, restored, rolled, done_at))
-        if new_rank == 0:
-            self.store.set(recovered_key(self.watchdog.generation), "1")
-            holders = ", ".join(str(holder_of(r, old_world)) for r in lost)
-            print(f"rlhf_dyna: rank {', '.join(map(str, lost))} of {old_world} lost during step {step} "
-                  f"({err_line(err)}); rebuilt its state from the replicas on rank {holders} and the "
-                  f"survivors' own shards ({moved / 2**20:,.2f} MiB moved), rolled back to step {self.loop.step}; "
-                  f"training layout {layout.describe()} on {size} ranks, {done_at - started:.2f} s", flush=True)
-        self.pending = {"elastic/recovery/seconds": done_at - started,
-                        "elastic/recovery/steps_lost": float(step - self.loop.step),
-                        "elastic/recovery/bytes_moved": float(moved), "elastic/recovery/source": 1.0,
-                        "elastic/recovery/detect_seconds": caught - died_at,
-                        "elastic/recovery/world_seconds": entered - started,
-                        "elastic/recovery/move_seconds": restored - entered,
-                        "elastic/recovery/rollout_seconds": rolled - restored,
-                        "elastic/recovery/snapshot_seconds": self.sent["elastic/snapshot/seconds"]}
-        return self.loop.step + 1
+        return engines, moved
 
     def agree_on_snapshot(self) -> None:
         """Collective over the survivors: the newest snapshot any of them committed (a rank that committed it passed

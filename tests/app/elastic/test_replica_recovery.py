@@ -29,7 +29,7 @@ from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_mark
 
 STEPS, KILL_IN = 8, 6
 ARGS = [a for a in GRPO4 if not a.startswith("trainer.total_steps=")] + [f"trainer.total_steps={STEPS}"]
-REPLICA_DUTY = "holds the replica"  # the line a rank announces its pid on (orchestrator/recovery.Replicas)
+REPLICA_DUTY = "holds the replica"  # the line a rank announces its pid on (orchestrator/recovery.Recovery)
 REPLICAS = ["elastic.replicas=1", "elastic.snapshot_every=1", f"trainer.save_every={KILL_IN - 1}",
             "trainer.keep_checkpoints=0"]
 
@@ -47,23 +47,26 @@ def logged(run_dir: Path, step: int) -> bool:
     return path.exists() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines() if line)
 
 
-def start(run_dir: Path, *args: str) -> subprocess.Popen:
-    env = dict(os.environ, **{MARK: str(run_dir)})
+def start(run_dir: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    env = dict(os.environ, **{MARK: str(run_dir)}, **(env or {}))
     return subprocess.Popen([sys.executable, "-m", "rlhf_dyna", *args, f"hydra.run.dir={run_dir}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def run_and_kill(run_dir: Path, ranks: tuple[int, ...], after_step: int, at: float, *args: str,
-                 limit: float = 600) -> tuple[subprocess.CompletedProcess, float]:
-    """The app, with `ranks` killed (SIGKILL) once step `after_step` is logged and checkpointed, `at` x that step's
-    time later (a point inside the next step); the finished process and the seconds from the kill to the launcher's
-    exit."""
-    proc = start(run_dir, *args)
+                 limit: float = 600, checkpoint: int | None = -1, duty: str = REPLICA_DUTY,
+                 env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """The app, with `ranks` killed (SIGKILL) once step `after_step` is logged and the checkpoint of step `checkpoint`
+    (-1: `after_step`; None: none) is complete, `at` x that step's time later (a point inside the next step); the
+    finished process and the seconds from the kill to the launcher's exit."""
+    proc = start(run_dir, *args, env=env)
+    checkpoint = after_step if checkpoint == -1 else checkpoint
     try:
         deadline = time.monotonic() + limit
-        pids = [announced_pid(run_dir, r, deadline, REPLICA_DUTY) for r in ranks]
-        wait_for(lambda: logged(run_dir, after_step) and (run_dir / "checkpoints" / f"step_{after_step}").is_dir(),
-                 f"step {after_step} and its checkpoint", deadline)
+        pids = [announced_pid(run_dir, r, deadline, duty) for r in ranks]
+        wait_for(lambda: logged(run_dir, after_step) and (
+            checkpoint is None or (run_dir / "checkpoints" / f"step_{checkpoint}").is_dir()),
+            f"step {after_step} and the checkpoint of step {checkpoint}", deadline)
         step_seconds = next(r for r in read_metrics(run_dir) if r["step"] == after_step)["timing_s/step"]
         time.sleep(at * step_seconds)
         killed = time.monotonic()
@@ -111,14 +114,16 @@ def test_a_rank_killed_during_a_step_is_survived_from_the_replicas(tmp_path: Pat
 
 
 @pytest.mark.timeout(600)
-def test_two_adjacent_ranks_lost_stop_the_run_cleanly(tmp_path: Path) -> None:
+def test_two_adjacent_ranks_lost_without_a_checkpoint_stop_the_run_cleanly(tmp_path: Path) -> None:
     run_dir = tmp_path / "two"
     done, seconds = run_and_kill(run_dir, (1, 2), 2, 0.3, *[a for a in ARGS if not a.startswith("trainer.total_steps")],
-                                 "trainer.total_steps=40", *REPLICAS[:2], "trainer.save_every=2", limit=400)
+                                 "trainer.total_steps=40", *REPLICAS[:2], "trainer.save_every=0", limit=400,
+                                 checkpoint=None)
     assert done.returncode != 0
     assert seconds < 30, f"the stop took {seconds:.1f} s"
     assert "rank 1 (process 1), rank 2 (process 2) of 4 lost at once" in done.stderr, done.stderr[-3000:]
     assert "rank 1's shard of every training role's state (its replica was on rank 2, lost too)" in done.stderr
+    assert f"no complete checkpoint is under {run_dir / 'checkpoints'} to load in place" in done.stderr
     assert not marked_processes(str(run_dir))
 
 

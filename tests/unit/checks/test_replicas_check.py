@@ -1,5 +1,6 @@
-"""elastic.replicas and elastic.snapshot_every (checks/replicas.py): the values, a world of one, and what recovery from a
-lost rank does not run with yet are refused before spawn in one paragraph naming the value and what runs."""
+"""elastic.replicas, elastic.snapshot_every and elastic.recover_from_checkpoint (checks/replicas.py): the values, a world
+of one, no checkpoints to load, and what recovery from a lost rank does not run with yet are refused before spawn in one
+paragraph naming the value and what runs."""
 from __future__ import annotations
 
 import pytest
@@ -51,3 +52,23 @@ def test_the_dry_run_plans_without_the_live_checks():
     cfg = config(placement__policy="split")
     cfg.dry_run = True
     check_replicas(cfg)
+
+
+def test_checkpoint_recovery_without_replicas_is_checked_like_replicas():
+    """elastic.recover_from_checkpoint=true alone: the same run requirements, and checkpoints to load."""
+    check_replicas(config(elastic__replicas=0, elastic__recover_from_checkpoint=True, trainer__save_every=2))
+    check_replicas(config(elastic__replicas=0, placement__policy="split"))  # null, no replicas: off, nothing checked
+    check_replicas(config(trainer__save_every=0))  # null beside replicas: the fallback finds no checkpoint, stops
+    for changes, named in [
+        (dict(trainer__save_every=0), "elastic.recover_from_checkpoint=true with trainer.save_every=0: the survivors"),
+        (dict(placement__policy="split"), "elastic.recover_from_checkpoint=true: this run could not recover from a "
+                                          "lost rank yet: placement=split"),
+        (dict(parallel__world_size=1), "elastic.recover_from_checkpoint=true with parallel.world_size=1: a world of "
+                                       "one has no survivors"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            check_replicas(config(**{"elastic__replicas": 0, "elastic__recover_from_checkpoint": True,
+                                     "trainer__save_every": 2, **changes}))
+        assert named in str(err.value)
+    assert "elastic.recover_from_checkpoint=true" in join_refusal(
+        config(elastic__replicas=0, elastic__recover_from_checkpoint=True))

@@ -1,11 +1,13 @@
 """The launcher's decision on lost ranks (launch/lost_ranks.py), with a dict for the job's store: which losses the
 survivors recover from, the announcement they read, the ranks renumbered after it, and the clean stops that name the
-lost ranks and pieces (the app test, tests/app/elastic/test_replica_recovery.py, kills real ranks)."""
+lost ranks and pieces, and the fallback to a complete checkpoint on disk (the app test, tests/app/elastic/test_replica_recovery.py, kills real ranks)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from rlhf_dyna.launch.lost_ranks import LossWatch, lost_key, recovered_key
+from rlhf_dyna.orchestrator.checkpoint_dirs import MARKER
 
 
 class DictStore:
@@ -22,7 +24,7 @@ class DictStore:
 def test_one_lost_rank_is_announced_and_the_survivors_renumbered():
     watch, store = LossWatch(4), DictStore()
     verdict, why = watch.decide([2], watch.recovered(store))
-    assert why is None and verdict == {"lost": [2], "world_size": 4, "processes": [2]}
+    assert why is None and verdict == {"lost": [2], "world_size": 4, "processes": [2], "source": "replicas"}
     assert watch.announce(store, verdict, died_at=12.5) == 1
     assert json.loads(store.data[lost_key(1)]) == {**verdict, "died_at": 12.5}
     assert watch.members == [0, 1, 3]
@@ -43,3 +45,29 @@ def test_ranks_lost_with_their_replica_holders_or_rank_0_stop_the_run_naming_the
     assert "rank 0 writes the run's metrics and leads the recovery" in why
     verdict, why = watch.decide([1, 3], True)  # not adjacent: ranks 2 and 0 hold their replicas
     assert why is None and verdict["lost"] == [1, 3]
+
+
+def checkpoint(checkpoints: Path, name: str, complete: bool) -> None:
+    (checkpoints / name).mkdir(parents=True)
+    if complete:
+        (checkpoints / name / MARKER).write_text(json.dumps({"files": []}))
+
+
+def test_pieces_without_a_replica_are_loaded_from_a_complete_checkpoint_or_the_run_stops(tmp_path: Path):
+    checkpoints = tmp_path / "checkpoints"
+    with_replicas, without = LossWatch(4, True, checkpoints), LossWatch(4, False, checkpoints)
+    _, why = with_replicas.decide([1, 2], True)
+    assert f"its replica was on rank 2, lost too). Nothing in host memory holds those pieces, and no complete " \
+           f"checkpoint is under {checkpoints} to load in place" in why
+    _, why = without.decide([2], True)
+    assert "rank 2 (process 2) of 4 lost: rank 2's shard of every training role's state (elastic.replicas=0: no " \
+           "replica)" in why
+    checkpoint(checkpoints, "step_4.tmp", complete=False)  # a save the loss interrupted is not one to load
+    assert with_replicas.decide([1, 2], True)[0] is None
+    checkpoint(checkpoints, "step_2", complete=True)
+    verdict, why = with_replicas.decide([1, 2], True)
+    assert why is None and verdict["source"] == "checkpoint" and verdict["lost"] == [1, 2]
+    assert with_replicas.decide([2], True)[0]["source"] == "replicas"  # a replica survives: no rollback that far
+    assert without.decide([2], True)[0]["source"] == "checkpoint"
+    _, why = LossWatch(4, False, None).decide([2], True)
+    assert "loading a checkpoint in place is off (elastic.recover_from_checkpoint=false)" in why
