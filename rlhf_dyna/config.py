@@ -224,7 +224,7 @@ class ElasticConfig:
 class TrainerConfig:
     total_steps: int = 20
     seed: int = 0
-    precision: str = "fp32"  # fp32 | bf16
+    precision: str = "fp32"  # fp32 | bf16 | auto (bf16 where the device computes it natively: CUDA, AVX512-BF16/AMX CPUs)
     tf32: bool = True  # CUDA: fp32 matmuls in TF32 (torch.set_float32_matmul_precision("high")); no effect on the CPU
     sft_warmup_steps: int = 0  # supervised warm-up on task demonstrations before RL
     sft_lr: float = 3e-3

@@ -52,6 +52,7 @@ def run_job(dcfg: DictConfig) -> int:
     torchrun = launch.under_torchrun()
     try:
         resolve_model(cfg)  # the checkpoint's architecture and the context length, as the checks and ranks use them
+        cfg.trainer.precision = launch.resolve_precision(cfg.trainer.precision, wants_cuda(cfg))  # "auto" resolved
         check_config(cfg, under_torchrun=torchrun)
         if cfg.dry_run:
             from .orchestrator.dry_run import run_dry_run  # the planner's model catalogs import torch: not a refusal's

@@ -22,7 +22,7 @@ CHOICES = {
     "task.name": ("arithmetic", "sort_digits", "file", "preference"),
     "tracking.wandb_mode": ("offline", "online", "disabled"),
     "tracking.console": CONSOLE_MODES,
-    "trainer.precision": ("fp32", "bf16"),
+    "trainer.precision": ("fp32", "bf16", "auto"),
     "parallel.device": ("auto", "cpu", "cuda"),
     "model.arch": tuple(live_architectures()),
     "model.dtype": ("float32", "bfloat16", "float16"),

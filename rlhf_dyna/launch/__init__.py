@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from .failure import record_failure
 from .host import (
-    RANKS_PER_CORE_LIMIT, LaunchError, check_capacity, free_port, local_device_kind, new_run_ident, under_torchrun,
-    usable_cores,
+    RANKS_PER_CORE_LIMIT, LaunchError, check_capacity, free_port, local_device_kind, new_run_ident, resolve_precision,
+    under_torchrun, usable_cores,
 )
 from .output import route_rank_output
 from .shm import SHM_DIR, clean_shm_segments, pin_vllm_shm_ident, run_segments
@@ -32,6 +32,6 @@ def __getattr__(name: str):
 __all__ = [
     "DistInfo", "ERROR_TAIL_LINES", "LaunchError", "RANKS_PER_CORE_LIMIT", "SHM_DIR", "TERMINATE_GRACE_S",
     "check_capacity", "clean_shm_segments", "free_port", "group_members", "init_distributed", "local_device_kind",
-    "new_run_ident", "pin_vllm_shm_ident", "record_failure", "route_rank_output", "run_segments",
+    "new_run_ident", "pin_vllm_shm_ident", "record_failure", "resolve_precision", "route_rank_output", "run_segments",
     "shutdown_distributed", "spawn_ranks", "under_torchrun", "usable_cores",
 ]

@@ -47,6 +47,23 @@ def local_device_kind() -> str:
     return "cuda" if visible_gpu_count() > 0 else "cpu"
 
 
+def cpu_computes_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """The CPU has bf16 dot-product instructions (AVX512-BF16 or AMX), so bf16 matmuls run at twice fp32's rate there
+    instead of being converted to fp32 and back. Read from /proc/cpuinfo: no torch import before the checks."""
+    try:
+        flags = next(line for line in cpuinfo.read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):  # not Linux, or no flags line: assume the slow path
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+
+
+def resolve_precision(precision: str, cuda: bool) -> str:
+    """trainer.precision=auto: bf16 where the device computes it natively, else fp32; other values as given."""
+    if precision != "auto":
+        return precision
+    return "bf16" if cuda or cpu_computes_bf16() else "fp32"
+
+
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0))
 
