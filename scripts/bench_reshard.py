@@ -34,6 +34,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -259,10 +260,10 @@ def rank_main(rank: int, world: int, port: int, size: str, transitions: list[str
     mesh2d = meshes.get(DST_LAYOUT)
     bandwidth = {"concurrent": p2p_bandwidth(bw_bytes, concurrent=True), "single_pair": p2p_bandwidth(bw_bytes, concurrent=False),
                  "copy": copy_bandwidth(bw_bytes)}  # context only: floors come from each plan's own pattern
-    adamw_state = bool({"dp4_to_dp2tp2", SEARCHED} & set(transitions))
-
-    def make_source() -> TrainEngine:  # the same values every time (seeded per tensor and rank)
+    def make_source(adamw_state: bool = False) -> TrainEngine:  # the same values every time (seeded per tensor and rank)
         return random_source(SIZES[size], meshes, adamw_state)
+
+    with_adamw = partial(make_source, True)  # train -> train moves the optimizer's moments too
 
     report: dict = dict(rank=rank, records=[], floor={}, bandwidth=bandwidth)
     rollout = None
@@ -275,12 +276,12 @@ def rank_main(rank: int, world: int, port: int, size: str, transitions: list[str
         report["records"] += records
         gc.collect()
     if "dp4_to_dp2tp2" in transitions:
-        records, report["floor"]["dp4_to_dp2tp2"], checkpoint = bench_train_to_train(make_source, mesh2d, ckpt)
+        records, report["floor"]["dp4_to_dp2tp2"], checkpoint = bench_train_to_train(with_adamw, mesh2d, ckpt)
         report["records"] += records
         report.update(checkpoint)
         gc.collect()  # the default-order destination engine goes before the searched one is built
     if SEARCHED in transitions:
-        records, report["floor"][SEARCHED], report["searched_layout"] = bench_searched_order(make_source, meshes)
+        records, report["floor"][SEARCHED], report["searched_layout"] = bench_searched_order(with_adamw, meshes)
         report["records"] += records
     gathered: list[object] = [None] * world
     dist.all_gather_object(gathered, report)
@@ -421,9 +422,10 @@ def main() -> None:
                   f"under {ckpt_root} (--ckpt puts it elsewhere)", flush=True)
             continue
         per_rank: list[dict] = []
-        for transition in transitions:  # fresh ranks per transition: memory a phase leaves behind cannot add up
-            result, port = out / f"ranks_{size}_{transition}.json", free_port()
-            launch(rank_main, (WORLD, port, size, [transition], bw_bytes, ckpt, str(result)), WORLD, port)
+        # fresh ranks per transition: memory a phase leaves behind cannot add up (--quick's tiny model: one launch)
+        for group in [transitions] if args.quick else [[t] for t in transitions]:
+            result, port = out / f"ranks_{size}_{group[0]}.json", free_port()
+            launch(rank_main, (WORLD, port, size, group, bw_bytes, ckpt, str(result)), WORLD, port)
             per_rank = merge_reports(per_rank, json.loads(result.read_text()))
         restart = time_restart(size, ckpt, out) if "dp4_to_dp2tp2" in transitions else None
         if not args.keep_ckpt:  # a full sweep leaves ~12 GB of checkpoints otherwise

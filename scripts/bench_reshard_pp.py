@@ -72,10 +72,19 @@ def _total(value: float) -> float:
     return float(t)
 
 
-def rank_main(rank: int, world: int, port: int, size: str, ckpt: str, out: str) -> None:
+def rank_main(rank: int, world: int, port: int, sizes: list[str], out: str) -> None:
+    """Each of `sizes` measured in turn by this world's ranks (ranks_file and ckpt_dir under `out` name the files)."""
     init_rank(rank, world, port)
     meshes = MeshCache()
+    for size in sizes:
+        measure_ranks(rank, world, size, meshes, Path(out))
+    dist.destroy_process_group()
+
+
+def measure_ranks(rank: int, world: int, size: str, meshes: MeshCache, out: Path) -> None:
+    """`size`'s move by VPS and its DCP save on this rank; rank 0 writes every rank's report to ranks_file."""
     _, layout = row_of(size)
+    ckpt = ckpt_dir(out, size)
     source_engine = make_source(size, meshes)
     source = bind_train_state(source_engine)
     probe = empty_engine_like(source_engine, layout, meshes.get(layout),
@@ -84,7 +93,7 @@ def rank_main(rank: int, world: int, port: int, size: str, ckpt: str, out: str) 
     allocate_optimizer_state(probe, torch.tensor(0.0))
     must = _total(baselines.must_receive_train(source, bind_train_state(probe)))  # independent of the VPS planner
     del probe
-    save_seconds = baselines.checkpoint_save(source_engine, Path(ckpt))
+    save_seconds = baselines.checkpoint_save(source_engine, ckpt)
     del source_engine, source
     seconds, moved, prints = [], [], None
     for _ in range(1 + REPEATS):  # a fresh source each run: relayout consumes it
@@ -102,8 +111,7 @@ def rank_main(rank: int, world: int, port: int, size: str, ckpt: str, out: str) 
     gathered: list[object] = [None] * world
     dist.all_gather_object(gathered, report)
     if rank == 0:
-        Path(out).write_text(json.dumps(gathered))
-    dist.destroy_process_group()
+        ranks_file(out, size).write_text(json.dumps(gathered))
 
 
 def restart_worker(size: str, ckpt: str, out: str) -> None:
@@ -116,11 +124,17 @@ def time_restart(size: str, ckpt: str, work: Path) -> tuple[float, list[list[flo
     return bench_reshard.time_restart(size, ckpt, work, script=__file__, tag="restart_pp")
 
 
+def ckpt_dir(out: Path, size: str) -> Path:
+    return out / f"ckpt_pp_{size}"
+
+
+def ranks_file(out: Path, size: str) -> Path:
+    return out / f"ranks_pp_{size}.json"
+
+
 def measure(size: str, out: Path) -> dict:
-    ckpt = out / f"ckpt_pp_{size}"
-    result = out / f"ranks_pp_{size}.json"
-    port = free_port()
-    launch(rank_main, (WORLD, port, size, str(ckpt), str(result)), WORLD, port)
+    """The row of `size` from its ranks' report (rank_main ran) and the restart from its DCP checkpoint."""
+    ckpt, result = ckpt_dir(out, size), ranks_file(out, size)
     ranks = json.loads(result.read_text())
     result.unlink()
     restart_seconds, restart_prints = time_restart(size, str(ckpt), out)
@@ -153,7 +167,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "transformers", "bench.baselines"])
     started = run_stamp("start")
-    rows = [measure(size, out) for size in (["tiny", "tiny_moe"] if args.quick else args.sizes.split(","))]
+    sizes = ["tiny", "tiny_moe"] if args.quick else args.sizes.split(",")
+    rows = []
+    for group in [sizes] if args.quick else [[s] for s in sizes]:  # fresh ranks per size (--quick's tiny ones: one launch)
+        port = free_port()
+        launch(rank_main, (WORLD, port, group, str(out)), WORLD, port)
+        rows += [measure(size, out) for size in group]
     machine = dict(date=time.strftime("%Y-%m-%d"), cpus=os.cpu_count(), world=WORLD, backend="gloo", **started,
                    **run_stamp("end"))
     (out / "bench_reshard_pp.json").write_text(json.dumps(dict(machine=machine, rows=rows), indent=1))

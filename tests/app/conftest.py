@@ -8,6 +8,7 @@ from subprocess import CompletedProcess
 import pytest
 
 from tests.app.app_runs import run_app
+from tests.app.runtimes.placed_runs import GRPO4, kill_marked, run
 from tests.forkserver import start_forkserver
 
 
@@ -29,3 +30,15 @@ def grpo_tiny_run(tmp_path_factory) -> tuple[Path, CompletedProcess]:
     proc = run_app(*GRPO_TINY, f"hydra.run.dir={run_dir}", timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir, proc
+
+
+@pytest.fixture(scope="session")
+def grpo4_colocate(tmp_path_factory) -> list[dict]:
+    """GRPO4 under colocate on 4 ranks that never change, for 8 steps: the rows the split runs and the live leaves and
+    joins compare with (a shorter run's steps are this run's first ones: nothing before its last step depends on
+    trainer.total_steps, and eval_every=2 evaluates at step 4 whether or not it is the last)."""
+    run_dir = tmp_path_factory.mktemp("grpo4_colocate") / "run"
+    try:
+        return run(run_dir, *[a for a in GRPO4 if not a.startswith("trainer.total_steps=")], "trainer.total_steps=8")
+    finally:
+        kill_marked(run_dir)

@@ -33,14 +33,11 @@ ARGS = [a for a in GRPO4 if not a.startswith("trainer.total_steps=")] + [f"train
 EVENTS = "elastic.events=[leave:3@3,join@6]"  # 48 rows split over dp 4 and 3, 12 prompts over 4 and 3 replicas
 
 
-@pytest.fixture(scope="module")
-def fixed(tmp_path_factory) -> list[dict]:
-    """The GRPO run whose world stays 4 ranks (dp4) throughout."""
-    run_dir = tmp_path_factory.mktemp("fixed") / "run"
-    try:
-        return run(run_dir, *ARGS)
-    finally:
-        kill_marked(run_dir)
+@pytest.fixture
+def fixed(grpo4_colocate) -> list[dict]:
+    """The GRPO run whose world stays 4 ranks (dp4) throughout: the session's run of ARGS (tests/app/conftest.py)."""
+    assert len(grpo4_colocate) == STEPS + 1
+    return grpo4_colocate
 
 
 def counted_join_bytes(run_dir: Path) -> int:

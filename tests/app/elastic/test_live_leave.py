@@ -33,10 +33,10 @@ ARGS = [a for a in GRPO4 if not a.startswith("trainer.total_steps=")] + [f"train
 LEAVE = "elastic.events=[leave:1@2]"  # a middle rank: the survivors 0, 2, 3 become 0, 1, 2
 
 
-@pytest.fixture(scope="module")
-def fixed(tmp_path_factory) -> list[dict]:
-    """The run whose world stays 4 ranks throughout."""
-    return run(tmp_path_factory.mktemp("fixed") / "run", *ARGS)
+@pytest.fixture
+def fixed(grpo4_colocate) -> list[dict]:
+    """The run whose world stays 4 ranks throughout: the session's 8-step run (tests/app/conftest.py), its steps 0-4."""
+    return grpo4_colocate[:STEPS + 1]
 
 
 def assert_left_at(rows: list[dict], step: int) -> None:

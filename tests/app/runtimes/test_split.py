@@ -5,10 +5,11 @@ A placement never changes results, only time: with max_staleness=0, split logs t
 accuracy as colocate (fp32, relative difference < 1e-5). The samples agree because sampling seeds are global prompt
 indices; the weights the rollout set generates with arrive by a VPS plan every step, so a stale or wrong sync would
 change the rewards of the next step. No engine process outlives the run and no weight file stays in /dev/shm. The
-split run saves a checkpoint after step 2 (the train set's engines, by DCP) and exports the policy; a split run
-resumed from that checkpoint logs the uninterrupted run's step 3. With max_staleness=1 generation runs a step ahead:
+split run saves a checkpoint after step 3 (the train set's engines, by DCP) and exports the policy; a split run
+resumed from that checkpoint logs the uninterrupted run's step 4. With max_staleness=1 generation runs a step ahead:
 its first step is still on-policy and logs colocate's step 1; later steps train on samples of older weights. Both
-compare with one colocate run (the module's fixture)."""
+compare with the first 4 steps of the session's colocate run (tests/app/conftest.py's grpo4_colocate), which the live
+leave and join tests compare with too."""
 from __future__ import annotations
 
 
@@ -18,15 +19,14 @@ from tests.app.app_runs import run_app
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, SYNC, assert_same_metrics, kill_marked, run, weight_files
 
+STEPS = 4  # so that step 4, the last, evaluates in both runs: eval_every=2 (a last step evaluates too)
+ARGS = [a for a in GRPO4 if not a.startswith("trainer.total_steps=")] + [f"trainer.total_steps={STEPS}"]
 
-@pytest.fixture(scope="module")
-def colocate(tmp_path_factory) -> list[dict]:
-    """GRPO4 under colocate: the rows both split runs compare with."""
-    run_dir = tmp_path_factory.mktemp("colocate") / "run"
-    try:
-        return run(run_dir, *GRPO4)
-    finally:
-        kill_marked(run_dir)
+
+@pytest.fixture
+def colocate(grpo4_colocate) -> list[dict]:
+    """GRPO4 under colocate, its steps 0-4: the rows both split runs compare with."""
+    return grpo4_colocate[:STEPS + 1]
 
 
 @pytest.fixture(autouse=True)
@@ -39,8 +39,8 @@ def no_leftover_processes(tmp_path):
 @pytest.mark.timeout(900)
 def test_split_staleness_0_logs_what_colocate_logs(colocate, tmp_path):
     before = weight_files()
-    saving = ["trainer.save_every=2", "trainer.export_policy=true"]  # a checkpoint and an export after step 2
-    split = run(tmp_path / "split", *GRPO4, *saving, "placement=split", "placement.max_staleness=0")
+    saving = ["trainer.save_every=3", "trainer.export_policy=true"]  # a checkpoint after step 3, an export at the end
+    split = run(tmp_path / "split", *ARGS, *saving, "placement=split", "placement.max_staleness=0")
     assert marked_processes(str(tmp_path / "split")) == [], "engine or rank processes outlived the split run"
     assert weight_files() - before == set(), "the split run left its weight files in /dev/shm"
     trained = [r for r in colocate if r["step"] > 0]
@@ -54,11 +54,11 @@ def test_split_staleness_0_logs_what_colocate_logs(colocate, tmp_path):
     assert not any(k.startswith("rebalance/") for r in split for k in r), "a split run without rebalance moved"
     assert (tmp_path / "split" / "transition_trace.json").is_file() and (tmp_path / "split" / "timeline.png").is_file()
 
-    # resumed from the train set's checkpoint of step 2, step 3 is the uninterrupted run's step 3
-    step_2 = tmp_path / "split" / "checkpoints" / "step_2"
-    resumed = run(tmp_path / "resumed", *GRPO4, "placement=split", "placement.max_staleness=0",
-                  f"trainer.resume={step_2}")
-    assert [r["step"] for r in resumed] == [3]
+    # resumed from the train set's checkpoint of step 3, step 4 is the uninterrupted run's step 4
+    step_3 = tmp_path / "split" / "checkpoints" / "step_3"
+    resumed = run(tmp_path / "resumed", *ARGS, "placement=split", "placement.max_staleness=0",
+                  f"trainer.resume={step_3}")
+    assert [r["step"] for r in resumed] == [4]
     assert_same_metrics([split[-1]], resumed)
     policy = tmp_path / "split" / "policy"  # exported at the end by the train set's first rank
     assert (policy / "config.json").is_file() and list(policy.glob("*.safetensors"))
@@ -77,11 +77,11 @@ def test_split_staleness_1_generates_ahead_and_logs_its_staleness(colocate, tmp_
     """Generation of step k+1 (weights of step k-1) overlaps the training of step k; the run logs staleness 1 from
     step 2 on (step 1's samples come from the initial weights, on-policy, so steps 0 and 1 are colocate's), and still
     learns from real rewards."""
-    rows = run(tmp_path / "split", *GRPO4, "placement=split", "placement.max_staleness=1")
+    rows = run(tmp_path / "split", *ARGS, "placement=split", "placement.max_staleness=1")
     assert_same_metrics(colocate[:2], rows[:2])
     parted = [k for k in ("reward/mean", "response_length/mean") if rows[2][k] != pytest.approx(colocate[2][k], rel=1e-5)]
     assert parted, "step 2 sampled with the weights colocate sampled with: generation did not run a step ahead"
     assert marked_processes(str(tmp_path / "split")) == [], "engine or rank processes outlived the split run"
-    assert [r["placement/staleness"] for r in rows[1:]] == [0.0, 1.0, 1.0]
+    assert [r["placement/staleness"] for r in rows[1:]] == [0.0, 1.0, 1.0, 1.0]
     assert all(r[f"{SYNC}/bytes_moved"] > 0 for r in rows[1:]) and "eval/accuracy" in rows[-1]
     assert any(r["reward/mean"] > 0 for r in rows[1:])
