@@ -46,11 +46,7 @@ def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torch
 
 def join_refusal(cfg: Config, under_torchrun: bool = False) -> str | None:
     """Why a running job of this config cannot admit elastic.join=RUN_DIR processes live, or None."""
-    problems = live_problems(cfg, [], under_torchrun)
-    if cfg.elastic.replicas:
-        problems.append("elastic.replicas=1 (recovery from a lost rank and joins do not mix yet)")
-    elif cfg.elastic.recover_from_checkpoint:
-        problems.append("elastic.recover_from_checkpoint=true (recovery from a lost rank and joins do not mix yet)")
+    problems = live_problems(cfg, [], under_torchrun)  # beside recovery from a lost rank too (the world regrows)
     if cfg.rollout.tp != 1:
         problems.append(f"rollout.tp={cfg.rollout.tp} (a joiner's vLLM engine starts as a replica of its own)")
     if under_torchrun:

@@ -14,7 +14,7 @@ from ..elastic.policies import make_placement
 
 RECOVERS = ("recovery from a lost rank runs under placement=colocate with a training layout of dp and tp "
             "(parallel.train pp, cp, ep = 1, zero=3), rollout.tp=1, model.dtype=float32, no parallel.schedule, no "
-            "reward model, no elastic.events, elastic.leave_on_sigterm or elastic.accept_joins=true, launched by "
+            "reward model, no elastic.events or elastic.leave_on_sigterm (elastic.join requests are admitted), launched by "
             f"python -m rlhf_dyna (not torchrun), and any rank but rank {UNRECOVERED_RANK} lost (it writes the "
             "run's metrics and leads the recovery)")
 
@@ -35,8 +35,8 @@ def recovery_problems(cfg: Config, under_torchrun: bool = False) -> list[str]:
         problems.append("parallel.schedule")
     if scores_with_reward_model(cfg) or cfg.algorithm.name == "reward_model":
         problems.append("a reward model")
-    if e.events or e.leave_on_sigterm or e.accept_joins:
-        problems.append("elastic.events, elastic.leave_on_sigterm or elastic.accept_joins=true")
+    if e.events or e.leave_on_sigterm:
+        problems.append("elastic.events or elastic.leave_on_sigterm")
     if under_torchrun:
         problems.append("torchrun")
     return problems

@@ -11,7 +11,8 @@ in a complete checkpoint on disk): it tells the survivors on the job's store,
 
 and the survivors (orchestrator/recovery.py) rebuild the state in a world without them. Otherwise it stops the run,
 naming the lost ranks and what was lost. Ranks are numbered in the current world: the processes still in it, in
-launch order (survivors keep their order across a recovery).
+launch order (survivors keep their order across a recovery), then the elastic.join=RUN_DIR processes rank 0 admitted
+(read from the store's admissions before each decision: they joined after the members, in admission order).
 """
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ class LossWatch:
     world_size: int
     replicas: bool = True  # elastic.replicas=1: each rank's pieces also on the next rank
     checkpoints: Path | None = None  # where complete checkpoints are loaded from in place; None: checkpoint recovery off
-    members: list[int] = field(default_factory=list)  # launched process index of each rank of the current world
+    members: list[int | str] = field(default_factory=list)  # each rank's launch index, or its elastic.join name
     generation: int = 0  # recoveries announced so far
+    requests_seen: int = 0  # elastic.join requests admitted (members now) or refused so far
 
     def __post_init__(self) -> None:
         self.members = list(range(self.world_size))
@@ -79,6 +81,10 @@ class LossWatch:
                     else "loading a checkpoint in place is off (elastic.recover_from_checkpoint=false)")
         return None, (f"{named} of {world} lost{' at once' if len(ranks) > 1 else ''}: {pieces}. Nothing in host memory holds those pieces, and "
                       f"{fallback}: stopped the run. Resume it with trainer.resume=auto.")
+
+    def join(self, names: list[str]) -> None:
+        """elastic.join processes admitted since the last decision: ranks after the current members."""
+        self.members += names
 
     def announce(self, store, verdict: dict, died_at: float) -> int:
         """Write the announcement of the next generation; the members are the survivors from now on."""
@@ -125,6 +131,7 @@ class LossHandler:
             return self.watch.decide(dead, True)[1]
         try:
             store = self._store()
+            self.fold_joins(store)
             verdict, why = self.watch.decide(dead, self.watch.recovered(store))
         except Exception as err:  # the store went with rank 0's process, or does not answer
             return f"processes {dead} lost and the job's store does not answer ({err}); stopped the run."
@@ -137,3 +144,17 @@ class LossHandler:
         print(f"rlhf_dyna: rank {ranks} of {verdict['world_size']} lost (process {', '.join(map(str, dead))}); the "
               f"survivors rebuild its state from {source} (recovery {generation})", file=sys.stderr, flush=True)
         return None
+
+    def fold_joins(self, store) -> None:
+        """The elastic.join processes rank 0 admitted since the last look: members from now on (in request order:
+        rank 0 agrees on them in that order and refuses, with a key of its own, those the world cannot take)."""
+        from rlhf_dyna.elastic.join_world import admission_key, refusal_key, request, requests_so_far
+        admitted, watch = [], self.watch
+        for n in range(watch.requests_seen, requests_so_far(store)):
+            name = request(n)
+            if store.check([admission_key(name)]):
+                admitted.append(name)
+            elif not store.check([refusal_key(name)]):
+                break  # not decided yet: it and those after it are looked at again at the next decision
+            watch.requests_seen = n + 1
+        watch.join(admitted)

@@ -65,9 +65,10 @@ def run_steps(run: Run, runtime: Runtime, set_up: Callable[[], None]) -> None:
     try:
         set_up()
         if cfg.elastic.replicas or recovers_from_checkpoint(cfg.elastic.replicas, cfg.elastic.recover_from_checkpoint):
-            recovery = Recovery(cfg)  # surviving a lost rank (orchestrator/recovery.py)
-            if cfg.elastic.replicas:  # the state to survive it with, from the start
-                recovery.snapshot(run, runtime, run.start_step)
+            membership = getattr(runtime, "membership", None)
+            joined = membership is not None and membership.entered_before is not None
+            recovery = Recovery(cfg, joined)  # surviving a lost rank (orchestrator/recovery.py)
+            recovery.start(run, runtime)
         try:
             step = run.start_step + 1
             while step <= cfg.trainer.total_steps:

@@ -20,6 +20,10 @@ rank blocked in a collective gets out at once. The loop (orchestrator/loop.py) h
 Where the announcement says "checkpoint" (no surviving replica holds some lost piece, or the run keeps none), step 3-4
 load the newest complete checkpoint into empty engines in place instead (orchestrator/checkpoint_recovery.py).
 The next step logs elastic/recovery/{seconds,steps_lost,bytes_moved,source,...}.
+
+A lost rank may come back through elastic.join=RUN_DIR (orchestrator/join.py): at the end of the step before that
+boundary the snapshot's send is finished (the join destroys every group), and at the end of the first step in the
+grown world every rank, the joiner included, forms the ring over it and takes a snapshot at once.
 """
 from __future__ import annotations
 
@@ -73,11 +77,13 @@ class LoopState:
     torch_rng: torch.Tensor
     task_state: dict
     kl_ctl: object
+    world: int  # the world whose ring holds this snapshot's replicas
 
     @classmethod
     def of(cls, run: Run, step: int) -> LoopState:
         return cls(step, copy.deepcopy(run.rng), random.getstate(), torch.get_rng_state(),
-                   copy.deepcopy(getattr(run.task, "state_dict", dict)()), copy.deepcopy(run.kl_ctl))
+                   copy.deepcopy(getattr(run.task, "state_dict", dict)()), copy.deepcopy(run.kl_ctl),
+                   dist.get_world_size())
 
     def restore(self, run: Run) -> None:
         run.rng, run.kl_ctl = copy.deepcopy(self.rng), copy.deepcopy(self.kl_ctl)
@@ -92,7 +98,9 @@ class Watchdog:
 
     def __init__(self) -> None:
         self.store = job_client_store()  # its own client: the main thread's may be blocked
-        self.generation = 0
+        self.generation = 0  # announcements seen; a process that joined later skips those made before it
+        while self.store.check([lost_key(self.generation + 1)]):
+            self.generation += 1
         self.announced = threading.Event()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True, name="rlhf_dyna-loss-watchdog")
@@ -124,7 +132,8 @@ class Watchdog:
 class Recovery:
     """Surviving a lost rank, on one rank: the watchdog, the recovery, and with elastic.replicas=1 the snapshots."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, joined: bool = False) -> None:
+        """`joined`: a process that entered through a join; its ring forms at the end of its first step."""
         request = placement_request(cfg)
         self.cfg, self.every, self.snapshots = cfg, cfg.elastic.snapshot_every, bool(cfg.elastic.replicas)
         self.placement: Placement = make_placement(request)
@@ -136,7 +145,8 @@ class Recovery:
         self.store = job_client_store()  # the main thread's client (the watchdog polls its own)
         self.pending: dict[str, float] = {}  # the recovery's metrics, logged with the next step
         # the snapshot thread's: collectives of its own, beside the loop's
-        self.side = dist.new_group(backend="gloo") if self.snapshots else None
+        self.side = dist.new_group(backend="gloo") if self.snapshots and not joined else None
+        self.ring_world = dist.get_world_size() if not joined else None  # the world the side group spans
         self.sender: threading.Thread | None = None
         self.send_error: BaseException | None = None
         self.sent: dict[str, float] = {}  # the last completed send's metrics
@@ -149,6 +159,12 @@ class Recovery:
         if fallback:
             print(f"rlhf_dyna: elastic.recover_from_checkpoint: rank {rank} (pid {os.getpid()}) survives a lost rank "
                   f"that no replica covers from the newest complete checkpoint", flush=True)
+
+    def start(self, run: Run, runtime) -> None:
+        """A launched rank with elastic.replicas=1: the state to survive a loss with, from the start (a joiner's
+        first comes with its first step)."""
+        if self.snapshots and self.ring_world is not None:
+            self.snapshot(run, runtime, run.start_step)
 
     def snapshot(self, run: Run, runtime, step: int, background: bool = True) -> dict[str, float]:
         """Every role's state and the loop's after `step` copied to host memory (here: the live state changes in the
@@ -203,8 +219,15 @@ class Recovery:
     def after_step(self, run: Run, runtime, step: int) -> dict[str, float]:
         """The metrics to log with `step`: a due snapshot's, the last recovery's, the world's size."""
         metrics, self.pending = {**self.pending, "elastic/world_size": float(dist.get_world_size())}, {}
-        if self.snapshots and step % self.every == 0:
+        grown = self.snapshots and self.ring_world != dist.get_world_size()
+        if grown:  # a join: the ring over the grown world, and its snapshot now (the last one's ring was smaller)
+            self.side, self.ring_world = dist.new_group(backend="gloo"), dist.get_world_size()
+        if self.snapshots and (grown or step % self.every == 0):
             metrics.update(self.snapshot(run, runtime, step))
+            metrics["elastic/snapshot/ring_world"] = float(self.ring_world)
+        membership = getattr(runtime, "membership", None)
+        if membership is not None and membership.agreed:  # a join at the next boundary destroys every group
+            self.finish_sending()
         return metrics
 
     def recover(self, run: Run, runtime, err: BaseException, step: int) -> int:
@@ -235,8 +258,9 @@ class Recovery:
         self.watchdog.rearm()
         if self.snapshots:
             self.side = dist.new_group(backend="gloo")
-        new = world_after(self.placement, self.preferred, self.cfg.rollout.tp, self.batch,
-                          WorldChange(old_world, lost))
+        membership = getattr(runtime, "membership", None)  # the joins' placement, where the run admits them
+        placement = membership.placement if membership is not None else self.placement
+        new = world_after(placement, self.preferred, self.cfg.rollout.tp, self.batch, WorldChange(old_world, lost))
         layout = new.layout.fill(size)
 
         def reform_rollout() -> None:  # the same engine, one replica fewer per lost rank
@@ -258,6 +282,10 @@ class Recovery:
             if self.loop is None or not self.roles:
                 raise RecoveryImpossible(f"rank {list(lost)} lost during step {step}, before the first snapshot: no "
                                          f"replica holds its state yet") from err
+            if self.loop.world != old_world:
+                raise RecoveryImpossible(f"rank {list(lost)} of {old_world} lost during step {step}, the first step "
+                                         f"after a join: the newest snapshot is of the {self.loop.world}-rank world "
+                                         f"before it") from err
             entered = time.perf_counter()
             engines, moved = self.restore_replicas(runtime, new, layout, Served(lost, old_world))
             restored = time.perf_counter()
@@ -271,7 +299,12 @@ class Recovery:
             holders = ", ".join(str(holder_of(r, old_world)) for r in lost)
             whence = (f"rebuilt its state from the replicas on rank {holders} and the survivors' own shards "
                       f"({moved / 2**20:,.2f} MiB moved)")
-        self.placement = new.placement
+        self.placement, self.ring_world = new.placement, size
+        if membership is not None:  # a join agreed on in the lost world is agreed on again in this one
+            membership.placement = new.placement
+            membership.drop_build()
+            membership.requests_seen -= len(membership.agreed)
+            membership.agreed = []
         rolled = time.perf_counter()
         if self.snapshots:
             self.snapshot(run, runtime, back_to, background=False)  # the replicas of the new ring, at once

@@ -25,7 +25,8 @@ def test_a_colocated_dp_or_tp_run_may_keep_replicas():
     check_replicas(config())
     check_replicas(config(parallel__world_size=2, task__prompts_per_step=2))
     check_replicas(config(elastic__replicas=0, parallel__world_size=1))  # off: nothing to check
-    assert join_refusal(config()) is not None  # auto accept_joins resolves to false beside replicas
+    assert join_refusal(config()) is None  # auto accept_joins resolves to true: a lost rank may come back by a join
+    check_replicas(config(elastic__accept_joins=True))
 
 
 @pytest.mark.parametrize("changes,named", [
@@ -36,7 +37,7 @@ def test_a_colocated_dp_or_tp_run_may_keep_replicas():
     (dict(placement__policy="split"), "this run could not recover from a lost rank yet: placement=split"),
     (dict(rollout__tp=2), "rollout.tp=2"),
     (dict(model__dtype="bfloat16"), "model.dtype=bfloat16"),
-    (dict(elastic__events=["leave:1@2"]), "elastic.events, elastic.leave_on_sigterm or elastic.accept_joins=true"),
+    (dict(elastic__events=["leave:1@2"]), "elastic.events or elastic.leave_on_sigterm"),
     (dict(task__prompts_per_step=8), "the survivors of a lost rank could not go on: rank 1 leaves (4 -> 3 ranks): "
                                      "the actor would train with dp=3"),
 ])
@@ -70,5 +71,4 @@ def test_checkpoint_recovery_without_replicas_is_checked_like_replicas():
             check_replicas(config(**{"elastic__replicas": 0, "elastic__recover_from_checkpoint": True,
                                      "trainer__save_every": 2, **changes}))
         assert named in str(err.value)
-    assert "elastic.recover_from_checkpoint=true" in join_refusal(
-        config(elastic__replicas=0, elastic__recover_from_checkpoint=True))
+    assert join_refusal(config(elastic__replicas=0, elastic__recover_from_checkpoint=True)) is None  # joins admitted
