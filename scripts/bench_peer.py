@@ -41,6 +41,7 @@ SHAPES = {  # checkpoint, prompts per step, samples per prompt, new tokens
     "tiny": dict(checkpoint=dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4), prompts=16, n=8,
                  max_new_tokens=32),
 }
+RUN_TIMEOUT_S = 1800  # one run of either side; a hung run fails the benchmark instead of stalling it
 PHASES = {"step": "timing_s/step", "generate": "timing_s/gen", "prepare": "timing_s/prepare",
           "train": "timing_s/train", "weight_sync": "timing_s/weight_sync"}
 
@@ -61,7 +62,7 @@ def dyna_run(ckpt: Path, shape: dict, precision: str, steps: int, run_dir: Path,
             "trainer.export_policy=false", "tracking.wandb_mode=disabled", "tracking.transition_trace=false",
             "model.max_position_embeddings=512", f"hydra.run.dir={run_dir}", *overrides]
     start = time.perf_counter()
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     if done.returncode:
         raise SystemExit(f"rlhf_dyna failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -81,7 +82,7 @@ def trl_run(ckpt: Path, shape: dict, precision: str, steps: int, out: Path, mode
             "--threads", str(threads), "--out", str(out)]
     start = time.perf_counter()
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=env)
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
     if done.returncode:
         raise SystemExit(f"TRL failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     report = json.loads(out.read_text())
@@ -130,22 +131,26 @@ def main() -> None:
         raise SystemExit(f"{TRL_PYTHON} is missing: run `bash scripts/install_trl_peer.sh` first (TRL in its own venv)")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results = []
+
+    def write() -> None:  # after every shape and precision: a later failure keeps what was measured
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({
+                "date": started, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "machine": f"{platform.node()}: {os.cpu_count()} cpus", "load_average_after": os.getloadavg(),
+                "command": " ".join(sys.argv), "rlhf_dyna_ranks": 2, "trl_modes": args.trl_modes,
+                "results": results}, indent=1))
+
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.shapes:
             for precision in args.precisions:
                 results.append(bench_shape(name, precision, args.pairs, args.steps, Path(tmp), args.overrides,
                                            args.trl_modes))
+                write()
     print("\nshape precision  rlhf_dyna s/step  TRL s/step  rlhf_dyna / TRL (median of pairs)")
     for r in results:
         print(f"{r['shape']:>5} {r['precision']:>9}  {r['rlhf_dyna_step_s_median']:16.2f}  {r['trl_step_s_median']:10.2f}  "
               f"{r['ratio_median']:.2f}x")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({
-            "date": started, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": f"{platform.node()}: {os.cpu_count()} cpus", "load_average_after": os.getloadavg(),
-            "command": " ".join(sys.argv), "rlhf_dyna_ranks": 2, "trl_modes": args.trl_modes,
-            "results": results}, indent=1))
 
 
 if __name__ == "__main__":
