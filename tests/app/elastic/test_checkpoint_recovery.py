@@ -20,7 +20,8 @@ from rlhf_dyna.elastic.faults import KILL_ENV, KILL_TEXT
 from rlhf_dyna.launch.shm import SHM_DIR
 from rlhf_dyna.orchestrator.checkpoint_dirs import scan
 from tests.app.app_runs import read_metrics
-from tests.app.elastic.test_replica_recovery import REPLICA_DUTY, last_per_step, run_and_kill, start
+from tests.app.elastic.live_runs import start
+from tests.app.elastic.test_replica_recovery import REPLICA_DUTY, last_per_step, run_and_kill
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
 

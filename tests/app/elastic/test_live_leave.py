@@ -14,18 +14,15 @@ checked by test_live_join.py's PPO run, which leaves before it joins.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.app.app_runs import read_metrics, run_cli
-from tests.app.elastic.rank_logs import announced_pid
-from tests.app.marked_processes import MARK, marked_processes
+from tests.app.elastic.live_runs import signal_rank
+from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
 
 STEPS = 4
@@ -121,20 +118,10 @@ def wait_for_step(run_dir: Path, step: int, deadline: float) -> None:
 
 def run_with_sigterm(run_dir: Path, rank: int, *args: str) -> list[dict]:
     """The app with elastic.leave_on_sigterm=true; `kill -TERM` of `rank` once step 1 is logged; its metrics rows."""
-    env = dict(os.environ, **{MARK: str(run_dir)})
-    cmd = [sys.executable, "-m", "rlhf_dyna", *args, "elastic.leave_on_sigterm=true", f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        deadline = time.monotonic() + 600
-        pid = announced_pid(run_dir, rank, deadline, "SIGTERM")
-        wait_for_step(run_dir, 1, deadline)  # in the loop: step 1 logged, so step 2 or 3 is the rank's last
-        os.kill(pid, signal.SIGTERM)
-        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        kill_marked(run_dir)
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    done = signal_rank(run_dir, [*args, "elastic.leave_on_sigterm=true"], rank, "SIGTERM",
+                       lambda deadline: wait_for_step(run_dir, 1, deadline),  # step 1 logged: step 2 or 3 is its last
+                       signal.SIGTERM)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert not marked_processes(str(run_dir))
     return read_metrics(run_dir)
 

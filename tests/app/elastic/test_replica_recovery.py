@@ -28,6 +28,7 @@ import pytest
 
 from rlhf_dyna.orchestrator.checkpoint_dirs import scan
 from tests.app.app_runs import read_metrics
+from tests.app.elastic.live_runs import signal_rank, start, wait_for
 from tests.app.elastic.rank_logs import announced_pid
 from tests.app.marked_processes import MARK, marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
@@ -40,23 +41,9 @@ REPLICAS = ["elastic.replicas=1", "elastic.snapshot_every=1", f"trainer.save_eve
             "trainer.keep_checkpoints=0"]
 
 
-def wait_for(check, what: str, deadline: float) -> None:
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise TimeoutError(what)
-
-
 def logged(run_dir: Path, step: int) -> bool:
     path = run_dir / "metrics.jsonl"
     return path.exists() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines() if line)
-
-
-def start(run_dir: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    env = dict(os.environ, **{MARK: str(run_dir)}, **(env or {}))
-    return subprocess.Popen([sys.executable, "-m", "rlhf_dyna", *args, f"hydra.run.dir={run_dir}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def run_and_kill(run_dir: Path, ranks: tuple[int, ...], after_step: int, at: float, *args: str,
@@ -200,18 +187,11 @@ def test_a_rank_killed_while_a_checkpoint_is_written_leaves_the_previous_one_usa
     """kill -9 of rank 2 the moment step 4's checkpoint starts (its step_4.tmp dir appears): the survivors recover,
     finish the run (exit 0), step 2's checkpoint stays complete, and the run's later checkpoints are complete."""
     run_dir = tmp_path / "saving"
-    proc = start(run_dir, *ARGS, *REPLICAS[:2], "trainer.save_every=2", "trainer.keep_checkpoints=0")
-    try:
-        deadline = time.monotonic() + 500
-        pid = announced_pid(run_dir, 2, deadline, REPLICA_DUTY)
-        wait_for(lambda: (run_dir / "checkpoints" / "step_4.tmp").is_dir(), "step 4's checkpoint started", deadline)
-        os.kill(pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        kill_marked(run_dir)
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    started = (run_dir / "checkpoints" / "step_4.tmp").is_dir
+    done = signal_rank(run_dir, [*ARGS, *REPLICAS[:2], "trainer.save_every=2", "trainer.keep_checkpoints=0"], 2,
+                       REPLICA_DUTY, lambda deadline: wait_for(started, "step 4's checkpoint started", deadline),
+                       signal.SIGKILL, limit=500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert not marked_processes(str(run_dir))
     complete, _ = scan(run_dir / "checkpoints")
     steps = [step for step, _ in complete]
