@@ -148,7 +148,7 @@ class LossHandler:
     def fold_joins(self, store) -> None:
         """The elastic.join processes rank 0 admitted since the last look: members from now on (in request order:
         rank 0 agrees on them in that order and refuses, with a key of its own, those the world cannot take)."""
-        from rlhf_dyna.elastic.join_world import admission_key, refusal_key, request, requests_so_far
+        from rlhf_dyna.elastic.join_world import admission_key, refusal_key, request, requests_so_far  # torch: on a loss only
         admitted, watch = [], self.watch
         for n in range(watch.requests_seen, requests_so_far(store)):
             name = request(n)

@@ -63,6 +63,14 @@ class Membership:
             self.build.close()
         self.build, self.build_for = None, None
 
+    def lost_ranks(self, placement: Placement) -> None:
+        """Survivors of a lost rank entered a new world with `placement`: joins agreed on in the lost world are agreed
+        on again in this one (their requests read anew), and a build for the lost world goes."""
+        self.placement = placement
+        self.drop_build()
+        self.requests_seen -= len(self.agreed)
+        self.agreed = []
+
     def due_before(self, step: int) -> list[Event]:
         """The scripted changes after step - 1 (before `step`), in the order given."""
         return [e for e in self.events if e.step == step - 1]

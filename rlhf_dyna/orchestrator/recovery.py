@@ -266,46 +266,19 @@ class Recovery:
         def reform_rollout() -> None:  # the same engine, one replica fewer per lost rank
             reform(runtime.rollout, new_rank, size)
 
+        if source == "replicas":
+            self.newest_snapshot(lost, old_world, step, err)
+        entered = time.perf_counter()
         if source == "checkpoint":
-            self.roles, self.loop, self.staged = {}, None, None  # the old ring's snapshots: not of the state loaded
-            path = newest_complete(run.out_dir)
-            if path is None:
-                raise RecoveryImpossible(f"rank {list(lost)} lost during step {step} with pieces no replica holds, "
-                                         f"and no complete checkpoint under {run.out_dir} to load") from err
-            entered = time.perf_counter()
-            back_to, moved = load_in_place(run, runtime, layout, path, reform_rollout), 0
-            restored = time.perf_counter()
-            whence = f"{'no surviving replica holds all of it' if self.snapshots else 'no replicas kept'}: loaded " \
-                     f"{path} in place"
+            back_to, moved, whence = self.from_checkpoint(run, runtime, layout, reform_rollout, lost, step, err)
+            restored = rolled = time.perf_counter()  # the load is the move; the rollout is re-formed inside it
         else:
-            self.agree_on_snapshot()
-            if self.loop is None or not self.roles:
-                raise RecoveryImpossible(f"rank {list(lost)} lost during step {step}, before the first snapshot: no "
-                                         f"replica holds its state yet") from err
-            if self.loop.world != old_world:
-                raise RecoveryImpossible(f"rank {list(lost)} of {old_world} lost during step {step}, the first step "
-                                         f"after a join: the newest snapshot is of the {self.loop.world}-rank world "
-                                         f"before it") from err
-            entered = time.perf_counter()
-            engines, moved = self.restore_replicas(runtime, new, layout, Served(lost, old_world))
-            restored = time.perf_counter()
-            reform_rollout()
-            runtime.enter_world(layout, engines)
-            runtime.sync_weights()
-            self.loop.restore(run)
-            back_to = self.loop.step
-            if run.tracker is not None:  # a snapshot still being sent when the rank was lost: a logged step is redone
-                run.tracker.rewind(back_to)
-            holders = ", ".join(str(holder_of(r, old_world)) for r in lost)
-            whence = (f"rebuilt its state from the replicas on rank {holders} and the survivors' own shards "
-                      f"({moved / 2**20:,.2f} MiB moved)")
+            back_to, moved, whence, restored = self.from_replicas(run, runtime, new, layout, reform_rollout,
+                                                                  lost, old_world)
+            rolled = time.perf_counter()
         self.placement, self.ring_world = new.placement, size
-        if membership is not None:  # a join agreed on in the lost world is agreed on again in this one
-            membership.placement = new.placement
-            membership.drop_build()
-            membership.requests_seen -= len(membership.agreed)
-            membership.agreed = []
-        rolled = time.perf_counter()
+        if membership is not None:
+            membership.lost_ranks(new.placement)
         if self.snapshots:
             self.snapshot(run, runtime, back_to, background=False)  # the replicas of the new ring, at once
         done_at = time.perf_counter()
@@ -325,6 +298,46 @@ class Recovery:
         if self.snapshots:
             self.pending["elastic/recovery/snapshot_seconds"] = self.sent["elastic/snapshot/seconds"]
         return back_to + 1
+
+    def from_checkpoint(self, run: Run, runtime, layout, reform_rollout, lost: tuple[int, ...], step: int,
+                        err: BaseException) -> tuple[int, int, str]:
+        """The newest complete checkpoint loaded in place on the new world: (its step, 0 bytes moved, what was done)."""
+        self.roles, self.loop, self.staged = {}, None, None  # the old ring's snapshots: not of the state loaded
+        path = newest_complete(run.out_dir)
+        if path is None:
+            raise RecoveryImpossible(f"rank {list(lost)} lost during step {step} with pieces no replica holds, "
+                                     f"and no complete checkpoint under {run.out_dir} to load") from err
+        back_to = load_in_place(run, runtime, layout, path, reform_rollout)
+        why = "no surviving replica holds all of it" if self.snapshots else "no replicas kept"
+        return back_to, 0, f"{why}: loaded {path} in place"
+
+    def newest_snapshot(self, lost: tuple[int, ...], old_world: int, step: int, err: BaseException) -> None:
+        """Collective over the survivors: agreed on the snapshot to restore, or RecoveryImpossible where none serves."""
+        self.agree_on_snapshot()
+        if self.loop is None or not self.roles:
+            raise RecoveryImpossible(f"rank {list(lost)} lost during step {step}, before the first snapshot: no "
+                                     f"replica holds its state yet") from err
+        if self.loop.world != old_world:
+            raise RecoveryImpossible(f"rank {list(lost)} of {old_world} lost during step {step}, the first step "
+                                     f"after a join: the newest snapshot is of the {self.loop.world}-rank world "
+                                     f"before it") from err
+
+    def from_replicas(self, run: Run, runtime, new, layout, reform_rollout, lost: tuple[int, ...],
+                      old_world: int) -> tuple[int, int, str, float]:
+        """Every role rebuilt from the survivors' snapshot copies and the lost ranks' replicas, the rollout re-formed
+        and synced, the loop rolled back: (the snapshot's step, bytes moved, what was done, when the move ended)."""
+        engines, moved = self.restore_replicas(runtime, new, layout, Served(lost, old_world))
+        restored = time.perf_counter()
+        reform_rollout()
+        runtime.enter_world(layout, engines)
+        runtime.sync_weights()
+        self.loop.restore(run)
+        if run.tracker is not None:  # a snapshot still being sent when the rank was lost: a logged step is redone
+            run.tracker.rewind(self.loop.step)
+        holders = ", ".join(str(holder_of(r, old_world)) for r in lost)
+        whence = (f"rebuilt its state from the replicas on rank {holders} and the survivors' own shards "
+                  f"({moved / 2**20:,.2f} MiB moved)")
+        return self.loop.step, moved, whence, restored
 
     def restore_replicas(self, runtime, new, layout, served: Served) -> tuple[dict, int]:
         """Collective over the new world: each role's state rebuilt into empty engines on `layout` from the
