@@ -1,7 +1,10 @@
 """Entry point: `python -m rlhf_dyna [recipe=NAME] [key=value ...]` (Hydra app, multirun with -m)."""
 from __future__ import annotations
 
+import gc
 import sys
+
+gc.disable()  # until main(): Hydra and torch import without collections (launch/fork.imports_without_gc says why)
 
 import hydra
 from omegaconf import DictConfig
@@ -23,6 +26,7 @@ def app(dcfg: DictConfig) -> None:
 
 
 def main() -> None:
+    gc.enable()
     try:
         check_overrides(sys.argv[1:])
     except ConfigError as err:

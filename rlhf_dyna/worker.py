@@ -10,7 +10,7 @@ import torch.distributed as dist
 from .config import RESOLVED_CONFIG, Config, load_config
 from .launch import init_distributed, record_failure, route_rank_output, shutdown_distributed
 from .elastic.join_world import NotAdmitted
-from .launch.fork import exit_now
+from .launch.fork import exit_now, imports_without_gc
 from .launch.spawn import JOINER_ENV
 
 
@@ -25,7 +25,8 @@ def run_rank(cfg: Config, out_dir: Path) -> None:
     dist_info = init_distributed(device=cfg.parallel.device, tf32=cfg.trainer.tf32)
     out_dir = shared_output_dir(out_dir)
     route_rank_output(out_dir, dist_info.rank, cfg.tracking.console)  # torchrun: output to logs/, as spawn_ranks does
-    from .orchestrator.loop import run_training  # after the routing: vLLM's import notices go to the rank's log
+    with imports_without_gc():
+        from .orchestrator.loop import run_training  # after the routing: vLLM's import notices go to the rank's log
 
     try:
         run_training(cfg, out_dir, dist_info)
@@ -38,7 +39,8 @@ def run_rank(cfg: Config, out_dir: Path) -> None:
 
 def run_joiner_process(cfg: Config, out_dir: Path, index: int) -> None:
     """Joiner process `index` (elastic.events join@S): it enters the world at its boundary (orchestrator/joiner.py)."""
-    from .orchestrator.joiner import run_joiner  # as in run_rank: vLLM's import notices go to the process's log
+    with imports_without_gc():
+        from .orchestrator.joiner import run_joiner  # as in run_rank: vLLM's import notices go to the process's log
 
     try:
         run_joiner(cfg, out_dir, index)
@@ -52,7 +54,8 @@ def run_joiner_process(cfg: Config, out_dir: Path, index: int) -> None:
 def run_requested_join(cfg: Config, run_dir: Path) -> int:
     """elastic.join=RUN_DIR, in the process the command started: join the job running in run_dir with its config;
     the exit code (1 with one paragraph when the job refused this process or ended before admitting it)."""
-    from .orchestrator.joiner import run_joiner  # as in run_rank: torch, vLLM and the loop on first use
+    with imports_without_gc():
+        from .orchestrator.joiner import run_joiner  # as in run_rank: torch, vLLM and the loop on first use
 
     try:
         run_joiner(cfg, run_dir, None)

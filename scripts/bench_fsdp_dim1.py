@@ -41,7 +41,7 @@ def build(size: str, dim1: bool, seed: int = 0):
     model = LlamaForCausalLM(make_hf_config(SIZES[size]))
     mesh = init_device_mesh("cpu", (WORLD,))
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, shard_placement_fn=fsdp_shard_dim(layer, WORLD, row_parallel_weights(model.config)) if dim1 else None)
+        fully_shard(layer, mesh=mesh, shard_placement_fn=fsdp_shard_dim([layer], WORLD, row_parallel_weights(model.config)) if dim1 else None)
     fully_shard(model, mesh=mesh)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-5)
 

@@ -107,13 +107,18 @@ class TrainEngine:
     def _dp_sum(self, values: list[float]) -> list[float]:
         return self.dp_sum(torch.tensor(values, dtype=torch.float64)).tolist()
 
-    def _micro_batch_plan(self, batch: dict[str, Tensor]) -> list[MicroBatch]:
-        """micro_batch_size rows each, or packed by length under micro_batch_tokens, in as many micro-batches as the
-        other dp ranks (collective over dp)."""
-        size, width = batch["input_ids"].shape
-        sizes = self._dp_sum([size, size * size])  # equal sizes on all dp ranks <=> mean(size^2) == mean(size)^2
-        if sizes[1] * self.dp_size != sizes[0] ** 2:
+    def _check_equal_rows(self, size: int, rows: float, squares: float) -> None:
+        """`rows` and `squares`: this rank's `size` and its square summed over dp; equal sizes on all dp ranks <=>
+        mean(size^2) == mean(size)^2."""
+        if squares * self.dp_size != rows ** 2:
             raise ValueError(f"dp ranks pass different batch sizes (this rank: {size}); every dp rank needs the same")
+
+    def _micro_batch_plan(self, batch: dict[str, Tensor], rows_checked: bool = False) -> list[MicroBatch]:
+        """micro_batch_size rows each, or packed by length under micro_batch_tokens, in as many micro-batches as the
+        other dp ranks (collective over dp). `rows_checked`: loss_norm has checked the dp ranks' row counts."""
+        size, width = batch["input_ids"].shape
+        if not rows_checked:
+            self._check_equal_rows(size, *self._dp_sum([size, size * size]))
         if not self.micro_batch_tokens:
             return fixed_rows(size, width, self.micro_batch_size or size)
         lengths = row_lengths(batch["attention_mask"])
@@ -122,8 +127,8 @@ class TrainEngine:
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.mesh["dp"].get_group())
         return token_budget_plan(split_to(groups, int(count), lengths), lengths)
 
-    def _micro_batches(self, batch: dict[str, Tensor]) -> list[dict[str, Tensor]]:
-        return [take(batch, micro, self.device) for micro in self._micro_batch_plan(batch)]
+    def _micro_batches(self, batch: dict[str, Tensor], rows_checked: bool = False) -> list[dict[str, Tensor]]:
+        return [take(batch, micro, self.device) for micro in self._micro_batch_plan(batch, rows_checked)]
 
     def forward(self, micro_batch: dict[str, Tensor]) -> object:
         """HF forward with mask-derived positions; returns the model's output (`.logits` or `.values`). A causal LM
@@ -151,7 +156,7 @@ class TrainEngine:
         norm = self.loss_norm(batch)
         self.optimizer.zero_grad(set_to_none=True)
         summed: dict[str, float] = {}
-        micro_batches = self._micro_batches(batch)
+        micro_batches = self._micro_batches(batch, rows_checked=True)
         for micro_batch in micro_batches:
             output = self.forward(micro_batch)
             loss, metrics = loss_fn(output, micro_batch, norm)
@@ -169,11 +174,15 @@ class TrainEngine:
         return {**averaged, "grad_norm": grad_norm}
 
     def loss_norm(self, batch: dict[str, Tensor]) -> LossNorm:
-        """The dp group's counts of this step's batch, per dp rank (collective over dp)."""
+        """The dp group's counts of this step's batch, per dp rank, having checked that every dp rank passes as many
+        rows (one collective over dp)."""
         mask = batch.get(self.loss_mask_key)
         tokens = float(mask.sum()) if mask is not None else 0.0
         nonempty = float((mask.sum(-1) > 0).sum()) if mask is not None else 0.0
-        total_tokens, total_seqs, total_nonempty = self._dp_sum([tokens, float(batch["input_ids"].shape[0]), nonempty])
+        size = batch["input_ids"].shape[0]
+        total_tokens, total_seqs, total_nonempty, squares = self._dp_sum([tokens, float(size), nonempty,
+                                                                          float(size * size)])
+        self._check_equal_rows(size, total_seqs, squares)
         return LossNorm(num_tokens=max(total_tokens, 1.0) / self.dp_size, num_sequences=total_seqs / self.dp_size,
                         num_nonempty_sequences=max(total_nonempty, 1.0) / self.dp_size)
 

@@ -15,6 +15,7 @@ from rlhf_dyna.train.expert_parallel import apply_expert_parallel, moe_experts
 from rlhf_dyna.vps.train_layout import row_sharded_on_cols
 
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+WHOLE_MODEL_UNIT_BYTES = 64 << 20
 
 
 def layer_tp_plan(config) -> dict[str, ParallelStyle]:
@@ -61,23 +62,32 @@ def row_parallel_weights(config) -> list[str]:
     return [f"{module}.weight" for module, style in architecture(config.model_type).tp_plan if style == "rowwise"]
 
 
-def fsdp_shard_dim(layer: nn.Module, dp: int, row_parallel: list[str]) -> Callable[[nn.Parameter], Shard | None]:
+def fsdp_shard_dim(layers: list[nn.Module], dp: int, row_parallel: list[str]) -> Callable[[nn.Parameter], Shard | None]:
     """Row-parallel weights shard on dim 1 (their TP dim) where the VPS train layout says so
     (`vps.train_layout.row_sharded_on_cols`: the TP-local columns split evenly over dp), so a rank's shard is a column
     block under dp and dp x tp alike and a relayout between them keeps it in place; everything else keeps dim 0."""
     on_cols = set()
-    own = dict(layer.named_parameters())
-    for name in (n for n in row_parallel if n in own):  # MoE layers have no dense mlp.down_proj
-        weight = own[name]
-        tp = weight.device_mesh.size() if isinstance(weight, DTensor) else 1
-        if row_sharded_on_cols(weight.shape[1], tp, dp):
-            on_cols.add(id(weight))
+    for layer in layers:
+        own = dict(layer.named_parameters())
+        for name in (n for n in row_parallel if n in own):  # MoE layers have no dense mlp.down_proj
+            weight = own[name]
+            tp = weight.device_mesh.size() if isinstance(weight, DTensor) else 1
+            if row_sharded_on_cols(weight.shape[1], tp, dp):
+                on_cols.add(id(weight))
     return lambda param: Shard(1) if id(param) in on_cols else None
 
 
+def per_layer_units(model: nn.Module) -> bool:
+    """FSDP units per decoder layer, or one for the whole model below WHOLE_MODEL_UNIT_BYTES of parameters: a unit
+    costs two all-gathers and a reduce-scatter per step, a whole small model gathered at once little memory. FSDP2
+    shards each parameter alone, so the grouping moves no shard (the VPS layout is the same)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters()) > WHOLE_MODEL_UNIT_BYTES
+
+
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int = 3,
-               expert_mesh: DeviceMesh | None = None) -> None:
-    """FSDP2 per decoder layer plus the root; bf16 computes in bf16 on fp32 master params, reduces grads in fp32.
+               expert_mesh: DeviceMesh | None = None, per_layer: bool | None = None) -> None:
+    """FSDP2 per decoder layer plus the root (the root alone for a small model: per_layer_units); bf16 computes in
+    bf16 on fp32 master params, reduces grads in fp32.
 
     ZeRO stages on FSDP2 (its sharded parameter is the fp32 master shard that AdamW updates):
       zero=3: fully_shard defaults: params, grads and optimizer state sharded; params gathered per forward/backward.
@@ -89,7 +99,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int 
 
     With expert_mesh ("edp" of an EP mesh), each MoE layer's experts (DTensors on "ep") are their own FSDP unit over
     it; their grads, summed over the EP group by the all-to-all's backward and over edp by the reduce-scatter, are
-    divided by the whole dp size, as every other grad is (torchtitan's scheme)."""
+    divided by the whole dp size, as every other grad is (torchtitan's scheme). `per_layer`: None = by the model's
+    size (per_layer_units)."""
     if zero not in ZERO_STAGES:
         raise ValueError(f"zero={zero}; valid: {ZERO_STAGES}")
     if precision == "bf16":
@@ -99,15 +110,19 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int 
     else:
         raise ValueError(f"precision={precision!r}; valid: 'fp32', 'bf16'")
     keep_replicas, row_parallel = zero < 3, row_parallel_weights(model.config)
-    for layer in decoder_layers(model):
+    layers = decoder_layers(model)
+    per_layer = per_layer_units(model) if per_layer is None else per_layer
+    for layer in layers:
         experts = moe_experts(layer) if expert_mesh is not None else None
         if experts is not None:
             fully_shard(experts, mesh=expert_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas)
             experts.set_gradient_divide_factor(float(dp_mesh.size()))
             experts.set_force_sum_reduction_for_comms(True)  # sum, then divide: gloo has no PREMUL_SUM
-        fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas,
-                    shard_placement_fn=fsdp_shard_dim(layer, dp_mesh.size(), row_parallel))
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas)
+        if per_layer:
+            fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas,
+                        shard_placement_fn=fsdp_shard_dim([layer], dp_mesh.size(), row_parallel))
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas,
+                shard_placement_fn=None if per_layer else fsdp_shard_dim(layers, dp_mesh.size(), row_parallel))
     if keep_replicas:
         model.set_reshard_after_backward(False)  # recurses: every FSDP module keeps its gathered params
 

@@ -108,9 +108,9 @@ class PipelineEngine(TrainEngine):
         cls = SCHEDULES[self.schedule_name] if loss_fn is not None else ScheduleGPipe
         return cls(pipe_stage, n_microbatches=n, loss_fn=loss_fn, scale_grads=False)
 
-    def _split(self, batch: dict[str, Tensor]) -> tuple[int, int]:
+    def _split(self, batch: dict[str, Tensor], rows_checked: bool = False) -> tuple[int, int]:
         """(micro-batches, rows each): equal micro-batches of micro_batch_size rows."""
-        self._micro_batch_plan(batch)  # checks that every dp rank passes the same batch size
+        self._micro_batch_plan(batch, rows_checked)  # checks that every dp rank passes the same batch size
         rows = batch["input_ids"].shape[0]
         mbs = min(self.micro_batch_size or rows, rows)
         if rows % mbs:
@@ -142,7 +142,7 @@ class PipelineEngine(TrainEngine):
             raise RuntimeError("this engine was built with trainable=False (a reference model)")
         self.model.train()
         norm = self.loss_norm(batch)
-        n, mbs = self._split(batch)
+        n, mbs = self._split(batch, rows_checked=True)
         micro = [{k: v[i * mbs:(i + 1) * mbs].to(self.device) for k, v in batch.items()} for i in range(n)]
         summed: dict[str, float] = {}
 

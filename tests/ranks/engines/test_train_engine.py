@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
+
+from rlhf_dyna.train import parallelize
 
 from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.models.build import build_policy
 from rlhf_dyna.train.engine import TrainEngine, full_state_dict
+from rlhf_dyna.train.parallelize import decoder_layers
 from rlhf_dyna.train.mesh import build_mesh
 from tests.ranks.tiny_models import nll_loss, random_batch, tiny_spec
 from tests.multirank import run_ranks
@@ -78,3 +82,31 @@ def _skeleton_checks(rank: int, world: int, tp: int, tie: bool) -> None:
 @pytest.mark.timeout(120)
 def test_skeleton_engine_materialized_later_trains_as_the_engine_it_copies() -> None:
     run_ranks(_skeleton_checks, 2, 1, True)
+
+
+def _unit_checks(rank: int, world: int) -> None:
+    """Per-layer FSDP units and one unit for the whole (small) model train alike: the grouping moves no shard."""
+    mesh = build_mesh(ParallelLayout(world, 1))
+    batch = random_batch(seed=100 + rank, batch=4)
+
+    def trained(per_layer: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
+        saved = parallelize.WHOLE_MODEL_UNIT_BYTES
+        parallelize.WHOLE_MODEL_UNIT_BYTES = 0 if per_layer else saved  # every model is "large" at 0 bytes
+        try:
+            engine = TrainEngine(build_policy(tiny_spec(), seed=3), mesh, lr=1e-2, grad_clip=1.0, micro_batch_size=2)
+        finally:
+            parallelize.WHOLE_MODEL_UNIT_BYTES = saved
+        assert all(isinstance(layer, FSDPModule) == per_layer for layer in decoder_layers(engine.model))
+        losses = [engine.step(batch, nll_loss)["loss"] for _ in range(3)]
+        return losses, {name: p.clone() for name, p in full_state_dict(engine)}
+
+    (layer_losses, layer_params), (whole_losses, whole_params) = trained(True), trained(False)
+    assert layer_losses[-1] < layer_losses[0]
+    torch.testing.assert_close(whole_losses, layer_losses, rtol=1e-6, atol=1e-7)
+    for name, param in layer_params.items():
+        torch.testing.assert_close(whole_params[name], param, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.timeout(120)
+def test_one_fsdp_unit_for_a_small_model_trains_as_per_layer_units() -> None:
+    run_ranks(_unit_checks, 2)

@@ -24,7 +24,8 @@ CONFIG = dict(hidden_size=6, intermediate_size=14, num_hidden_layers=2, num_atte
               num_key_value_heads=2, head_dim=6, vocab_size=38)
 
 
-def build(dp: int, tp: int, fsdp: bool, tp_outer: bool, tied: bool, pp: int = 1) -> LlamaForCausalLM:
+def build(dp: int, tp: int, fsdp: bool, tp_outer: bool, tied: bool, pp: int = 1,
+          per_layer: bool | None = None) -> LlamaForCausalLM:
     """The engine's own TP plan and FSDP2 placements (train.parallelize), fp32; with pp, this rank's pipeline stage
     (train.pp_stage: the layers the VPS layout gives it) on the stage's dp slice of a (pp, dp) mesh."""
     torch.manual_seed(0)
@@ -42,7 +43,7 @@ def build(dp: int, tp: int, fsdp: bool, tp_outer: bool, tied: bool, pp: int = 1)
     else:
         dp_mesh = init_device_mesh("cpu", (dp,), mesh_dim_names=("dp",))
     if fsdp:
-        apply_fsdp(model, dp_mesh, precision="fp32")
+        apply_fsdp(model, dp_mesh, precision="fp32", per_layer=per_layer)
     return model
 
 
@@ -51,8 +52,9 @@ def config(tied: bool, pp: int = 1) -> LlamaConfig:
     return LlamaConfig(**{**CONFIG, "num_hidden_layers": 3 if pp > 1 else 2}, tie_word_embeddings=tied)
 
 
-def check(dp: int, tp: int, fsdp: bool, tp_outer: bool = False, tied: bool = False, pp: int = 1) -> int:
-    model = build(dp, tp, fsdp, tp_outer, tied, pp)
+def check(dp: int, tp: int, fsdp: bool, tp_outer: bool = False, tied: bool = False, pp: int = 1,
+          per_layer: bool | None = None) -> int:
+    model = build(dp, tp, fsdp, tp_outer, tied, pp, per_layer)
     spec = ParallelSpec(dp=dp, tp=tp, pp=pp, zero=3 if fsdp else 0, tp_outer=tp_outer)
     return compare(model, spec, config(tied, pp))
 
@@ -119,7 +121,9 @@ def logical(full: torch.Tensor, piece) -> torch.Tensor:
     return full
 
 
+# a model this small is one FSDP unit (train.parallelize.per_layer_units); the *_per_layer cases wrap each layer too
 CASES = {"fsdp4": (4, 1, True), "fsdp2_tp2": (2, 2, True), "ddp2_tp2": (2, 2, False),
+         "fsdp4_per_layer": (4, 1, True, False, False, 1, True), "fsdp2_tp2_per_layer": (2, 2, True, False, False, 1, True),
          "fsdp2_tp2_tp_outer": (2, 2, True, True),  # TP groups {0, 2}, {1, 3}
          "fsdp2_tp2_tied": (2, 2, True, False, True),  # the tied embedding stays whole over tp
          "pp2_fsdp2": (2, 1, True, False, False, 2),  # stages {0, 1} and {2, 3}, layers [0, 2) and [2, 3)
@@ -141,7 +145,7 @@ def test_layout_matches_fsdp2_and_dtensor_tp():
     """FSDP2 over 4 ranks (uneven and empty shards), FSDP2 x TP on (2, 2) (_StridedShard) in both rank orders,
     TP with DP replicas, tied embeddings under FSDP2 x TP, pipeline stages (uneven, tied embedding across stages)
     with FSDP2 inside each stage, and expert parallel (Qwen3-MoE experts over ep, FSDP2 over edp, uneven chunks)."""
-    cases = ["fsdp4", "fsdp2_tp2", "ddp2_tp2", "fsdp2_tp2_tp_outer", "fsdp2_tp2_tied", "pp2_fsdp2", "pp2_fsdp2_tied", "pp2_tp2",
+    cases = ["fsdp4", "fsdp4_per_layer", "fsdp2_tp2", "fsdp2_tp2_per_layer", "ddp2_tp2", "fsdp2_tp2_tp_outer", "fsdp2_tp2_tied", "pp2_fsdp2", "pp2_fsdp2_tied", "pp2_tp2",
              "ep2_fsdp2", "ep4"]
     checked = run_ranks(check_cases, 4, cases, timeout=240)
     for case in cases:
