@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 class LeaveOnSigterm:
     def __init__(self) -> None:
-        self.received = False
+        self.signals = 0  # SIGTERMs received: only the handler writes it
+        self.answered = 0  # of those, the ones an agreement has answered
 
     def install(self) -> LeaveOnSigterm:
         signal.signal(signal.SIGTERM, self._record)
@@ -29,12 +30,14 @@ class LeaveOnSigterm:
         return self
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
-        self.received = True
+        self.signals += 1
 
     def agree(self) -> tuple[int, ...]:
-        """Collective over the world: the ranks that have received SIGTERM (and not yet been answered)."""
+        """Collective over the world: the ranks that have received SIGTERM (and not yet been answered). A signal that
+        arrives during the all-reduce, where a rank waits for the others, is answered at the next boundary."""
+        signals = self.signals
         flags = torch.zeros(dist.get_world_size(), dtype=torch.int32)
-        flags[dist.get_rank()] = int(self.received)
+        flags[dist.get_rank()] = int(signals > self.answered)
         dist.all_reduce(flags)
-        self.received = False  # answered: the rank leaves now, or was refused with a message and stays
+        self.answered = signals  # the rank leaves now, or was refused with a message and stays
         return tuple(int(r) for r in flags.nonzero().flatten())
