@@ -23,9 +23,10 @@ from .orchestrator.checkpoint_dirs import CheckpointError, resolve_trainer_resum
 QUIET_ENV = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
              "WANDB_SILENT": os.environ.get("WANDB_SILENT", "true")}
 # imported once by the launcher, which then forks the ranks (CPU only): ranks importing them at once on shared cores
-# take longer; the CPU worker and model loader are what vLLM imports when its engine starts
-RANK_PRELOAD = ("rlhf_dyna.orchestrator.loop", "vllm.entrypoints.llm", "rlhf_dyna.rollout.cpu_worker",
-                "vllm.model_executor.model_loader")
+# take longer; the CPU worker and model loader are what vLLM imports when its engine starts, and its kernel overrides
+# what every engine start would redo
+RANK_PRELOAD = ("rlhf_dyna.orchestrator.loop", "vllm.entrypoints.llm", "vllm.model_executor.model_loader",
+                "rlhf_dyna.rollout.cpu_worker:kernel_overrides_once")
 
 
 def join_running_job(run_dir: str) -> int:

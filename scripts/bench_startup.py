@@ -26,7 +26,7 @@ if paused:
 start = time.perf_counter()
 import torch
 for name in {modules!r}:
-    __import__(name)
+    __import__(name.partition(":")[0])
 print(time.perf_counter() - start)
 """
 

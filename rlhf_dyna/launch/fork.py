@@ -41,13 +41,17 @@ def imports_without_gc() -> Iterator[None]:
 
 def preload(modules: Sequence[str], env: dict[str, str]) -> None:
     """Import `modules` into this process under the ranks' environment `env` (modules that read a variable when they
-    load, as vLLM's logging does, see the ranks' value), so that ranks forked from it start with them loaded."""
+    load, as vLLM's logging does, see the ranks' value), so that ranks forked from it start with them loaded; an entry
+    "module:function" also calls that function of the module once."""
     saved = dict(os.environ)
     try:
         os.environ.update(env)
         with imports_without_gc():
             for name in modules:
-                importlib.import_module(name)
+                module, _, setup = name.partition(":")
+                loaded = importlib.import_module(module)
+                if setup:  # "module:function": a one-time set-up the forked ranks inherit
+                    getattr(loaded, setup)()
     finally:
         os.environ.clear()
         os.environ.update(saved)

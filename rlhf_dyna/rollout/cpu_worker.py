@@ -10,6 +10,10 @@ vLLM's sampler ranks each sampled token among the logits with `batched_count_gre
 `torch.compile(backend="inductor")` (vllm/v1/sample/ops/logprobs.py): its first call traces and compiles C++ for
 seconds in every engine process, which every run paid at its first generation. The eager expression is the same
 integer count.
+
+vLLM's CPU platform swaps core Triton kernels for C++ fallbacks at every worker start, and finds every reference to
+them by scanning the namespace of every loaded module: a large share of each engine's start. The launcher does it
+once before it forks the ranks (rlhf_dyna.job.RANK_PRELOAD), which inherit the swapped kernels.
 """
 from __future__ import annotations
 
@@ -28,6 +32,22 @@ def eager_logprob_ranks() -> None:
     """Idempotent, per process: vLLM's sampler counts token ranks with the uncompiled function."""
     compiled = sampler.batched_count_greater_than
     sampler.batched_count_greater_than = getattr(compiled, "_torchdynamo_orig_callable", compiled)
+
+
+def _already_overridden(cls) -> None:
+    """The platform's kernel overrides, once they are in place in this process."""
+
+
+def kernel_overrides_once() -> None:
+    """Idempotent, per process and the processes it forks: vLLM's CPU platform swaps its Triton kernels now; its own
+    later calls (one per engine start) do nothing."""
+    from vllm.platforms import current_platform
+
+    platform = type(current_platform)
+    if platform.register_triton_kernel_overrides.__func__ is _already_overridden:
+        return
+    platform.register_triton_kernel_overrides()
+    platform.register_triton_kernel_overrides = classmethod(_already_overridden)
 
 
 class EagerSamplerCPUWorker(CPUWorker):
