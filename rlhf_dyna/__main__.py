@@ -26,6 +26,7 @@ def app(dcfg: DictConfig) -> None:
 
 
 def main() -> None:
+    gc.freeze()  # what the imports made lives as long as the process: no collection needs to walk it
     gc.enable()
     try:
         check_overrides(sys.argv[1:])

@@ -29,12 +29,15 @@ _REAP_POLL_S = 0.05
 def imports_without_gc() -> Iterator[None]:
     """The cyclic collector paused while torch, transformers and vLLM import: their objects live as long as the
     process, so the collections their allocations trigger find nothing and cost about a quarter of the import time
-    (scripts/bench_startup.py)."""
+    (scripts/bench_startup.py). Then frozen, so that no later collection walks them either, until the process exits
+    (a normal exit frees them, or extension modules report them as leaked)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        gc.freeze()
+        atexit.register(gc.unfreeze)
         if enabled:
             gc.enable()
 
