@@ -1,15 +1,16 @@
 """Running the real app (`python -m rlhf_dyna`) and reading what a run writes.
 
-`run_app` and `run_cli` fork the app from the tests' forkserver (tests/forkserver.py), which imported what the
-launcher imports: the child is `python -m rlhf_dyna ARGS` as runpy runs it (argv, environment, its own session, its
-output to files), without ~10 s of imports per run. What only a fresh interpreter shows (import-time notices, the
-environment in /proc that tests/app/marked_processes.py reads) is tested with real interpreters: torchrun, the
-fresh-interpreter checks, the runtime and elastic runs (tests/app/runtimes/placed_runs.run)."""
+`run_app`, `run_cli` and `AppProcess` fork the app from the tests' forkserver (tests/forkserver.py), which imported
+what the launcher imports: the child is `python -m rlhf_dyna ARGS` as runpy runs it (argv, environment, its own
+session, its output to files), without seconds of imports per run. A run whose processes a test looks for afterwards
+runs in its run directory, which marks them (tests/app/marked_processes.py). What only a fresh interpreter shows
+(import-time notices) is tested with real interpreters: torchrun and the fresh-interpreter checks."""
 from __future__ import annotations
 
 import json
 import os
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,13 +30,14 @@ COMPARED = ("actor/", "critic/", "reward/", "response_length/", "eval/")  # what
 
 
 def _app_main(args: list[str], env: dict[str, str], cwd: str | None, out: str, err: str) -> None:
-    """In the forked child: what `python -m rlhf_dyna *args` does in `cwd`, with stdout and stderr to files."""
+    """In the forked child: what `python -m rlhf_dyna *args` does in `cwd`, with stdout and stderr to files (one file
+    for both where `out` is `err`)."""
     os.setsid()  # as a subprocess of its own: a timeout stops its whole session
     if cwd is not None:
         os.chdir(cwd)
     sys.path[0] = os.getcwd()  # `python -m` puts the working directory first (task.reward=my_module:fn imports there)
-    for fd, path in ((1, out), (2, err)):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
+    os.dup2(1 if err == out else os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     os.environ.clear()
@@ -44,22 +46,68 @@ def _app_main(args: list[str], env: dict[str, str], cwd: str | None, out: str, e
     runpy.run_module("rlhf_dyna", run_name="__main__", alter_sys=True)  # exits with the app's code
 
 
+class AppProcess:
+    """`python -m rlhf_dyna *args` forked from the tests' forkserver and running, in `cwd` (which marks its processes:
+    tests/app/marked_processes.py): the part of subprocess.Popen the tests use. Its stdout and stderr go to files, or
+    both to `output`."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None,
+                 output: Path | None = None):
+        self.args = [sys.executable, "-m", "rlhf_dyna", *args]
+        self._tmp = tempfile.mkdtemp(prefix="rlhf_dyna_app_")
+        self._out, self._err = (str(output),) * 2 if output is not None else (f"{self._tmp}/stdout", f"{self._tmp}/stderr")
+        for path in {self._out, self._err}:
+            Path(path).write_text("")  # a child that fails before it opens them still reads as empty output
+        self._child = forkserver().Process(target=_app_main, args=(list(args), dict(os.environ if env is None else env),
+                                                                   None if cwd is None else str(cwd), self._out,
+                                                                   self._err))
+        self._child.start()
+        self.pid = self._child.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._child.exitcode
+
+    def poll(self) -> int | None:
+        return self._child.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._child.join(timeout)
+        if self._child.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self._child.exitcode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """(stdout, stderr) once it has exited; stderr is "" where both went to `output`."""
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired as err:
+            err.output, err.stderr = Path(self._out).read_text(), Path(self._err).read_text()
+            raise
+        out = Path(self._out).read_text()
+        err = "" if self._err == self._out else Path(self._err).read_text()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        return out, err
+
+    def kill(self) -> None:
+        """SIGKILL to its session (the app, not the ranks: they have sessions of their own)."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def run_app(*args: str, timeout: int = 400, env: dict[str, str] | None = None, cwd: str | Path | None = None,
             ) -> subprocess.CompletedProcess:
     """`python -m rlhf_dyna *args` in `cwd`, forked from the tests' forkserver; its exit code and output."""
-    cmd = [sys.executable, "-m", "rlhf_dyna", *args]
-    with tempfile.TemporaryDirectory(prefix="rlhf_dyna_app_") as tmp:
-        out, err = f"{tmp}/stdout", f"{tmp}/stderr"
-        Path(out).touch(), Path(err).touch()  # a child that fails before it opens them still reads as empty output
-        child = forkserver().Process(target=_app_main, args=(list(args), dict(os.environ if env is None else env),
-                                                               None if cwd is None else str(cwd), out, err))
-        child.start()
-        child.join(timeout)
-        if child.exitcode is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.join()
-            raise subprocess.TimeoutExpired(cmd, timeout, Path(out).read_text(), Path(err).read_text())
-        return subprocess.CompletedProcess(cmd, child.exitcode, Path(out).read_text(), Path(err).read_text())
+    app = AppProcess(*args, env=env, cwd=cwd)
+    try:
+        out, err = app.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        app.kill()
+        app.wait()
+        raise
+    return subprocess.CompletedProcess(app.args, app.returncode, out, err)
 
 
 def run_cli(*args: str, tmp_path, timeout: int = 60) -> subprocess.CompletedProcess:

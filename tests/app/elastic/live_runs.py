@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from tests.app.elastic.rank_logs import announced_pid
-from tests.app.marked_processes import MARK
+from tests.app.app_runs import AppProcess
 from tests.app.runtimes.placed_runs import kill_marked
 
 
-def start(run_dir: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    env = dict(os.environ, **{MARK: str(run_dir)}, **(env or {}))
-    return subprocess.Popen([sys.executable, "-m", "rlhf_dyna", *args, f"hydra.run.dir={run_dir}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+def start(run_dir: Path, *args: str, env: dict | None = None) -> AppProcess:
+    """The app running in run_dir, which marks its processes."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return AppProcess(*args, f"hydra.run.dir={run_dir}", env=dict(os.environ, **(env or {})), cwd=run_dir)
 
 
 def wait_for(check: Callable[[], bool], what: str, deadline: float) -> None:

@@ -10,16 +10,13 @@ on the first step of the new world; join.json then says the job has finished.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.app.app_runs import read_metrics, run_cli
-from tests.app.marked_processes import MARK, marked_processes
+from tests.app.app_runs import AppProcess, read_metrics, run_cli
+from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, kill_marked
 
 STEPS = 60  # the second process's start-up and preparation took 20-60 s on 2 shared cores
@@ -29,12 +26,10 @@ ARGS += [f"trainer.total_steps={STEPS}", "parallel.world_size=3", "trainer.sft_w
          "algorithm.epochs=1", "algorithm.mini_batches=1"]
 
 
-def app(run_dir: Path, output: Path, *args: str) -> subprocess.Popen:
-    """The app marked with run_dir, its output (stdout and stderr) to `output`: a pipe could fill and block it."""
-    env = dict(os.environ, **{MARK: str(run_dir)})
-    with open(output, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "rlhf_dyna", *args], stdout=out, stderr=subprocess.STDOUT,
-                                env=env)
+def app(run_dir: Path, output: Path, *args: str) -> AppProcess:
+    """The app marked with run_dir (its working directory), its output (stdout and stderr) to `output`."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return AppProcess(*args, cwd=run_dir, output=output)
 
 
 def refused(tmp_path: Path, run_dir: Path) -> tuple[str, float]:

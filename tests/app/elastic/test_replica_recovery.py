@@ -20,17 +20,16 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from rlhf_dyna.orchestrator.checkpoint_dirs import scan
-from tests.app.app_runs import read_metrics
+from tests.app.app_runs import AppProcess, read_metrics
 from tests.app.elastic.live_runs import signal_rank, start, wait_for
 from tests.app.elastic.rank_logs import announced_pid
-from tests.app.marked_processes import MARK, marked_processes
+from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
 
 STEPS, KILL_IN = 8, 6
@@ -86,11 +85,8 @@ def rejoin(run_dir: Path, output: Path, started: list, survivors: list[int]) -> 
     for pid in survivors:
         os.killpg(os.getpgid(pid), signal.SIGSTOP)
     try:
-        env = dict(os.environ, **{MARK: str(run_dir)})
-        with open(output, "w") as out:
-            started.append(subprocess.Popen([sys.executable, "-m", "rlhf_dyna", f"elastic.join={run_dir}",
-                                             f"hydra.run.dir={output.parent / 'joiner'}"], stdout=out,
-                                            stderr=subprocess.STDOUT, env=env))
+        started.append(AppProcess(f"elastic.join={run_dir}", f"hydra.run.dir={output.parent / 'joiner'}", cwd=run_dir,
+                                  output=output))  # marked as the job's processes are: by its working directory
         wait_for(lambda: "prepared in" in output.read_text() or started[0].poll() is not None, "the joiner prepared",
                  time.monotonic() + 300)
     finally:
