@@ -3,8 +3,6 @@ default recipe, one byte less is refused at start-up and the minimum starts."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,17 +11,32 @@ from rlhf_dyna.checks.gpu import kv_shape
 from rlhf_dyna.config import Config
 from rlhf_dyna.models.build import ModelSpec, build_policy, make_hf_config, save_hf_dir
 from rlhf_dyna.rollout.gpu_defaults import sequence_kv_bytes
+from tests.forkserver import forkserver
 
-WORKER = Path(__file__).with_name("kv_probe_worker.py")
-REPO = Path(__file__).parents[3]
+
+def _start_vllm(nbytes: int, model_dir: str, result: str) -> None:
+    """In a process forked from the tests' forkserver (vLLM imported): start vLLM in it on the tiny Llama with a KV
+    cache of exactly `nbytes`; STARTED or REFUSED into `result`."""
+    from vllm import LLM
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=True, kv_cache_memory_bytes=nbytes,
+            dtype="float32", max_model_len=64)
+        outcome = "STARTED"
+    except ValueError as err:
+        outcome = f"REFUSED {err}"
+    Path(result).write_text(outcome)
+    os._exit(0)  # the engine goes with the process
 
 
 def probe(nbytes: int, model_dir: Path) -> str:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(WORKER), str(nbytes), str(model_dir)], capture_output=True, text=True,
-                          timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout.strip().splitlines()[-1]
+    result = model_dir / f"probe_{nbytes}.txt"
+    child = forkserver().Process(target=_start_vllm, args=(nbytes, str(model_dir), str(result)))
+    child.start()
+    child.join(300)
+    assert child.exitcode == 0, f"the probe process ended with {child.exitcode}"
+    return result.read_text()
 
 
 @pytest.mark.timeout(600)
