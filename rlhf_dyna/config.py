@@ -125,6 +125,7 @@ class AlgorithmConfig:
     critic_init: str = "policy"  # PPO's critic: policy (its backbone, a seeded value head) | reward_model (InstructGPT)
     pair_loss: str = "bradley_terry"  # algorithm.name=reward_model: a loss of algos.pairwise.PAIR_LOSSES
     micro_batch_tokens: int = 0  # > 0: micro-batches packed by length, rows x longest row <= this (replaces micro_batch_size)
+    share_prompts: str = "off"  # on | off | auto (on for data-parallel training on the CPU): a prompt's rows trained on one forward of it
 
 
 @dataclass

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import launch
 from .checks import ConfigError, check_config
 from .checks.elastic import join_refusal
+from .checks.micro_batches import resolve_share_prompts
 from .checks.resources import wants_cuda
 from .config import RESOLVED_CONFIG, load_config, to_config
 from .elastic.events import joiner_slots, parse_events
@@ -54,6 +55,7 @@ def run_job(dcfg: DictConfig) -> int:
     try:
         resolve_model(cfg)  # the checkpoint's architecture and the context length, as the checks and ranks use them
         cfg.trainer.precision = launch.resolve_precision(cfg.trainer.precision, wants_cuda(cfg))  # "auto" resolved
+        cfg.algorithm.share_prompts = resolve_share_prompts(cfg, wants_cuda(cfg))  # "auto" resolved
         check_config(cfg, under_torchrun=torchrun)
         if cfg.dry_run:
             from .orchestrator.dry_run import run_dry_run  # the planner's model catalogs import torch: not a refusal's

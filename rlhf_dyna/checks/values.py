@@ -23,6 +23,7 @@ CHOICES = {
     "tracking.wandb_mode": ("offline", "online", "disabled"),
     "tracking.console": CONSOLE_MODES,
     "trainer.precision": ("fp32", "bf16", "auto"),
+    "algorithm.share_prompts": ("on", "off", "auto"),
     "parallel.device": ("auto", "cpu", "cuda"),
     "model.arch": tuple(live_architectures()),
     "model.dtype": ("float32", "bfloat16", "float16"),

@@ -43,7 +43,7 @@ def engine_settings(cfg: Config, trainable: bool, lr: float | None = None) -> di
     alg = cfg.algorithm
     common = dict(pp_schedule=cfg.parallel.train.pp_schedule, precision=cfg.trainer.precision,
                   micro_batch_size=alg.micro_batch_size, micro_batch_tokens=alg.micro_batch_tokens,
-                  zero=cfg.parallel.train.zero)
+                  zero=cfg.parallel.train.zero, share_prompts=alg.share_prompts == "on")
     if not trainable:
         return {**common, "trainable": False}
     return {**common, "lr": alg.lr if lr is None else lr, "weight_decay": alg.weight_decay, "betas": tuple(alg.betas),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -22,6 +23,7 @@ from torch.distributed.tensor import DTensor
 from rlhf_dyna.train.logprobs import logits_to_keep, token_logprobs
 from rlhf_dyna.train.micro_batches import MicroBatch, fixed_rows, pack_by_tokens, row_lengths, split_to, take, token_budget_plan
 from rlhf_dyna.train.parallelize import parallelize
+from rlhf_dyna.train.shared_prompts import PackedPrompts, pack_shared_prompts, unpacked_logits
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class TrainEngine:
         loss_mask_key: str = "response_mask",
         zero: int = 3,
         materialize: Callable[[nn.Module], object] | None = None,
+        share_prompts: bool = False,
     ) -> None:
         self.mesh = mesh
         self.zero = zero  # ZeRO stage on FSDP2; see parallelize.apply_fsdp for what 1/2/3 mean here
@@ -74,6 +77,7 @@ class TrainEngine:
         self.micro_batch_tokens = micro_batch_tokens  # > 0: rows packed by length under this budget (train.micro_batches)
         self.grad_clip = grad_clip
         self.loss_mask_key = loss_mask_key
+        self.share_prompts = share_prompts  # rows of one prompt on one forward of it (train.shared_prompts)
         self.device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
         if not trainable:
             model.requires_grad_(False)
@@ -137,11 +141,24 @@ class TrainEngine:
         mask = micro_batch["attention_mask"]
         extra = {"output_router_logits": True} if self.returns_aux_loss else {}  # HF then returns the router's aux_loss
         if self.loss_mask_key in micro_batch and hasattr(self.model, "lm_head"):
-            extra["logits_to_keep"] = logits_to_keep(micro_batch[self.loss_mask_key])
+            keep = logits_to_keep(micro_batch[self.loss_mask_key])
+            if self.share_prompts and not self.returns_aux_loss:
+                packing = pack_shared_prompts(micro_batch["input_ids"], mask, micro_batch[self.loss_mask_key])
+                if packing is not None:
+                    return self._forward_packed(packing, keep)
+            extra["logits_to_keep"] = keep
         return self.model(
             input_ids=micro_batch["input_ids"], attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False,
             **extra,
         )
+
+    def _forward_packed(self, packing: PackedPrompts, keep: int) -> SimpleNamespace:
+        """The causal LM over the packed rows; `.logits` [B, keep, V] in the rows' layout (train.shared_prompts)."""
+        length = packing.input_ids.shape[1]
+        out = self.model(input_ids=packing.input_ids.to(self.device), position_ids=packing.position_ids.to(self.device),
+                         attention_mask=packing.attention_mask.to(self.device), use_cache=False,
+                         logits_to_keep=length - packing.first_kept)
+        return SimpleNamespace(logits=unpacked_logits(out.logits, packing, keep))
 
     @property
     def returns_aux_loss(self) -> bool:

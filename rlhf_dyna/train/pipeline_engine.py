@@ -41,6 +41,8 @@ class PipelineEngine(TrainEngine):
         if kwargs.get("micro_batch_tokens"):
             raise ValueError(f"micro_batch_tokens={kwargs['micro_batch_tokens']} with pipeline parallel: a pipeline's "
                              f"micro-batches have one static shape; use micro_batch_size (micro_batch_tokens=0)")
+        if kwargs.get("share_prompts"):
+            raise ValueError("share_prompts with pipeline parallel: a pipeline's micro-batches have one static shape")
         self.schedule_name = schedule
         self.pp_mesh = mesh["pp"]
         self.spec = train_spec(mesh["dp"].size(), mesh["tp"].size(), pp=self.pp_mesh.size())

@@ -106,7 +106,7 @@ def settings_of(engine: TrainEngine) -> dict:
         lr=group["lr"], weight_decay=group["weight_decay"], betas=tuple(group["betas"]),
         grad_clip=engine.grad_clip, precision=engine.precision, micro_batch_size=engine.micro_batch_size,
         micro_batch_tokens=engine.micro_batch_tokens, trainable=engine.optimizer is not None,
-        loss_mask_key=engine.loss_mask_key,
+        loss_mask_key=engine.loss_mask_key, share_prompts=engine.share_prompts,
     )
 
 
