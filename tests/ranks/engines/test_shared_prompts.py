@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.distributed.tensor import DTensor
 
-from rlhf_dyna.config import AlgorithmConfig
 from rlhf_dyna.models.build import build_policy
 from rlhf_dyna.orchestrator.batch import Sample, pack
-from rlhf_dyna.orchestrator.objectives import actor_loss
 from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.train.mesh import build_mesh
 from rlhf_dyna.train.shared_prompts import pack_shared_prompts
 from tests.multirank import run_ranks
+from tests.ranks.engines.same_training import assert_trains_alike
 from tests.ranks.tiny_models import VOCAB, tiny_spec
 
 MAX_NEW = 8
@@ -36,10 +34,6 @@ def _rank_batch(rank: int) -> dict[str, torch.Tensor]:
     return batch
 
 
-def _grads(engine: TrainEngine) -> dict[str, torch.Tensor]:
-    return {n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for n, p in engine.model.named_parameters()}
-
-
 def _checks(rank: int, world: int) -> None:
     mesh = build_mesh(ParallelLayout(world, 1))
     batch = _rank_batch(rank)
@@ -47,17 +41,7 @@ def _checks(rank: int, world: int) -> None:
     assert packing is not None and packing.input_ids.shape[0] == 3  # 7 rows, 3 prompts
     make = lambda share: TrainEngine(build_policy(tiny_spec(), seed=3), mesh, lr=1e-2, grad_clip=1.0,
                                      micro_batch_size=7, share_prompts=share)
-    rows, shared = make(False), make(True)
-    args = (batch["input_ids"], batch["attention_mask"], 0.8, batch["response_mask"])
-    torch.testing.assert_close(shared.logprobs(*args) * batch["response_mask"],
-                               rows.logprobs(*args) * batch["response_mask"], rtol=1e-5, atol=1e-6)
-    loss_fn = actor_loss(AlgorithmConfig(entropy_coef=0.01, loss_agg="seq_mean_token_mean"), 0.8, MAX_NEW)
-    want, got = rows.step(batch, loss_fn), shared.step(batch, loss_fn)
-    assert got.keys() == want.keys()
-    for key in want:
-        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (key, got[key], want[key])
-    for (name, g_rows), g_shared in zip(_grads(rows).items(), _grads(shared).values()):
-        torch.testing.assert_close(g_shared, g_rows, rtol=1e-4, atol=1e-6, msg=name)
+    assert_trains_alike(make(False), make(True), batch, MAX_NEW)
 
 
 @pytest.mark.timeout(180)

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.distributed.tensor import DTensor
 
-from rlhf_dyna.config import AlgorithmConfig
 from rlhf_dyna.models.build import build_policy
 from rlhf_dyna.orchestrator.batch import Sample, pack
-from rlhf_dyna.orchestrator.objectives import actor_loss
 from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.train.engine import TrainEngine
 from rlhf_dyna.train.mesh import build_mesh
 from tests.multirank import run_ranks
+from tests.ranks.engines.same_training import assert_trains_alike
 from tests.ranks.tiny_models import VOCAB, tiny_spec
 
 MAX_NEW, ROWS, BUDGET = 8, 6, 40
@@ -36,10 +34,6 @@ def _rank_batch(rank: int) -> dict[str, torch.Tensor]:
     return batch
 
 
-def _grads(engine: TrainEngine) -> dict[str, torch.Tensor]:
-    return {n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for n, p in engine.model.named_parameters()}
-
-
 def _checks(rank: int, world: int) -> None:
     mesh = build_mesh(ParallelLayout(world, 1))
     make = lambda **mb: TrainEngine(build_policy(tiny_spec(), seed=3), mesh, lr=1e-2, grad_clip=1.0, **mb)
@@ -52,16 +46,7 @@ def _checks(rank: int, world: int) -> None:
     assert min(m.width for m in plan) < batch["input_ids"].shape[1]  # short rows' micro-batches are cut
     assert all(len(m.rows) == 1 or len(m.rows) * m.width <= BUDGET for m in plan)
 
-    args = (batch["input_ids"], batch["attention_mask"], 0.8, batch["response_mask"])
-    torch.testing.assert_close(packed.logprobs(*args) * batch["response_mask"],
-                               fixed.logprobs(*args) * batch["response_mask"], rtol=1e-5, atol=1e-6)
-    loss_fn = actor_loss(AlgorithmConfig(entropy_coef=0.01, loss_agg="seq_mean_token_mean"), 0.8, MAX_NEW)
-    want, got = fixed.step(batch, loss_fn), packed.step(batch, loss_fn)
-    assert got.keys() == want.keys()
-    for key in want:
-        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (key, got[key], want[key])
-    for (name, g_fixed), g_packed in zip(_grads(fixed).items(), _grads(packed).values()):
-        torch.testing.assert_close(g_packed, g_fixed, rtol=1e-4, atol=1e-6, msg=name)
+    assert_trains_alike(fixed, packed, batch, MAX_NEW)
 
 
 @pytest.mark.timeout(180)
