@@ -129,14 +129,17 @@ def results(bench: Path, prefix: str = "docs/bench/") -> str:
         f"**{summary['ppo_sevens_per_completion_last5']:.2f}** in {pipeline['ppo_steps']} steps", "rm_pipeline.json",
         pipeline["date"])
     peer = read(bench, "bench_peer.json")
-    reals = [r for r in peer["results"] if r["shape"] == "real"]
     modes = (f"TRL's fastest of {len(peer['trl_modes'])} launch modes" if len(peer["trl_modes"]) > 1
              else f"TRL launched as {peer['trl_modes'][0]}, processes x threads")
-    row(f"a GRPO step against TRL's `GRPOTrainer`, 135M-shaped checkpoint, {reals[0]['prompts']} prompts x "
-        f"{reals[0]['n']} x {reals[0]['max_new_tokens']} tokens, each side at the same precision",
-        "; ".join(f"{r['precision']}: rlhf_dyna {r['rlhf_dyna_step_s_median']:.1f} s, TRL "
-                  f"{r['trl_step_s_median']:.1f} s, **{r['ratio_median']:.2f}x**" for r in reals)
-        + f" TRL's time ({modes})", "bench_peer.json", peer["date"])
+    for shape, model in (("real", "135M-shaped checkpoint"), ("tiny", "tiny checkpoint (hidden 256 x 4 layers)")):
+        runs = [r for r in peer["results"] if r["shape"] == shape]
+        if not runs:
+            continue
+        row(f"a GRPO step against TRL's `GRPOTrainer`, {model}, {runs[0]['prompts']} prompts x {runs[0]['n']} x "
+            f"{runs[0]['max_new_tokens']} tokens, each side at the same precision",
+            "; ".join(f"{r['precision']}: rlhf_dyna {r['rlhf_dyna_step_s_median']:.2f} s, TRL "
+                      f"{r['trl_step_s_median']:.2f} s, **{r['ratio_median']:.2f}x**" for r in runs)
+            + f" TRL's time ({modes})", "bench_peer.json", peer["date"])
     elastic = read(bench, "bench_elastic.json")
     leave, join = elastic["leave"], elastic["join"]
     row("a rank leaving a live 4-rank grpo_tiny run after step 2, and one joining a 3-rank run",
