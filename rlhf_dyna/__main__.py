@@ -4,7 +4,7 @@ from __future__ import annotations
 import gc
 import sys
 
-gc.disable()  # until main(): Hydra and torch import without collections (launch/fork.imports_without_gc says why)
+gc.disable()  # until main(): Hydra and torch import without collections (launch/fork.imports_without_gc)
 
 import hydra
 from omegaconf import DictConfig
@@ -13,7 +13,7 @@ from .checks import ConfigError
 from .checks.overrides import check_overrides
 from .config import register_configs
 from .job import run_job
-from .launch.fork import exit_now, exit_status
+from .launch.fork import exit_now, exit_status, imports_done
 
 register_configs()
 
@@ -26,8 +26,7 @@ def app(dcfg: DictConfig) -> None:
 
 
 def main() -> None:
-    gc.freeze()  # what the imports made lives as long as the process: no collection needs to walk it
-    gc.enable()
+    imports_done()
     try:
         check_overrides(sys.argv[1:])
     except ConfigError as err:

@@ -54,8 +54,9 @@ def run_job(dcfg: DictConfig) -> int:
     torchrun = launch.under_torchrun()
     try:
         resolve_model(cfg)  # the checkpoint's architecture and the context length, as the checks and ranks use them
-        cfg.trainer.precision = launch.resolve_precision(cfg.trainer.precision, wants_cuda(cfg))  # "auto" resolved
-        cfg.algorithm.share_prompts = resolve_share_prompts(cfg, wants_cuda(cfg))  # "auto" resolved
+        cuda = wants_cuda(cfg)
+        cfg.trainer.precision = launch.resolve_precision(cfg.trainer.precision, cuda)  # "auto" resolved
+        cfg.algorithm.share_prompts = resolve_share_prompts(cfg, cuda)  # "auto" resolved
         check_config(cfg, under_torchrun=torchrun)
         if cfg.dry_run:
             from .orchestrator.dry_run import run_dry_run  # the planner's model catalogs import torch: not a refusal's
@@ -67,7 +68,7 @@ def run_job(dcfg: DictConfig) -> int:
         if cfg.elastic.accept_joins is None:  # auto: where the run can take a join live
             cfg.elastic.accept_joins = join_refusal(cfg, torchrun) is None
         if not torchrun:
-            launch.check_capacity(cfg.parallel.world_size + joiners, "cuda" if wants_cuda(cfg) else "cpu")
+            launch.check_capacity(cfg.parallel.world_size + joiners, "cuda" if cuda else "cpu")
     except (ConfigError, launch.LaunchError, CheckpointError) as err:
         print(f"rlhf_dyna: error: {err}", file=sys.stderr)
         return 2

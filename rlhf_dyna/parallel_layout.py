@@ -55,6 +55,11 @@ class ParallelLayout:
         return self.dp * self.inner
 
     @property
+    def data_parallel_only(self) -> bool:
+        """No tensor, pipeline, context or expert parallel: every rank holds whole layers of its shard."""
+        return self.inner == 1 and self.ep == 1
+
+    @property
     def ranks(self) -> range:
         return range(self.first_rank, self.first_rank + self.size)
 

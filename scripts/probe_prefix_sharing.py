@@ -1,11 +1,11 @@
-"""What training the n samples of a prompt on one shared prompt forward would save (issue 31's next lever), measured
-on one process before it is built: one forward + backward of the response log-probs of one rank's rows of
-bench_peer's shapes, as the engine runs it today (every row carries its prompt) and packed (one row per prompt: the
-prompt once, then its n responses, each attending to the prompt and to itself only, through a 4-D attention mask,
-positions continuing from the prompt). Prints the log-probs' largest difference and the median seconds of each.
+"""What training the n samples of a prompt on one shared prompt forward saves (algorithm.share_prompts), on one
+process: one forward + backward of the response log-probs of one rank's rows of bench_peer's shapes, every row
+carrying its prompt, against the rows packed by `train.shared_prompts` (one row per prompt: the prompt once, then its
+n responses under a 4-D attention mask), with the engine's own log-prob code. Prints the log-probs' largest
+difference and the median seconds of each.
 
     python scripts/probe_prefix_sharing.py CHECKPOINT --prompts 8 --n 8 --prompt 100 --response 32 \
-        --out docs/bench/prefix_sharing_probe.json
+        --out docs/bench/prefix_sharing_tiny.json
 """
 from __future__ import annotations
 
@@ -21,38 +21,30 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-
-def response_logprobs(logits: torch.Tensor, predictors: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(target) read at the `predictors` columns of `logits` ([rows, columns, vocab])."""
-    chosen = logits[:, predictors.reshape(-1)].float()
-    return torch.log_softmax(chosen, -1).gather(-1, targets.reshape(targets.shape[0], -1, 1)).squeeze(-1)
-
-
-def unpacked(model, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
-    """Today: each of the n samples is a row of its own, prompt included."""
-    groups, n, length = responses.shape
-    ids = torch.cat([prompts.repeat_interleave(n, 0), responses.reshape(groups * n, length)], 1)
-    logits = model(input_ids=ids, use_cache=False, logits_to_keep=length + 1).logits
-    return response_logprobs(logits, torch.arange(length), ids[:, -length:])
+from rlhf_dyna.orchestrator.batch import Sample, pack
+from rlhf_dyna.train.engine import position_ids_from_mask
+from rlhf_dyna.train.logprobs import logits_to_keep, token_logprobs
+from rlhf_dyna.train.shared_prompts import pack_shared_prompts, unpacked_logits
 
 
-def packed(model, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
-    """One row per prompt: [prompt, response 1, ..., response n]; response i sees the prompt and itself."""
-    groups, n, length = responses.shape
-    width, total = prompts.shape[1], prompts.shape[1] + n * length
-    allowed = torch.zeros(total, total, dtype=torch.bool)
-    allowed[:width, :width] = torch.ones(width, width, dtype=torch.bool).tril()
-    starts = [width + i * length for i in range(n)]
-    for s in starts:
-        allowed[s:s + length, :width] = True
-        allowed[s:s + length, s:s + length] = torch.ones(length, length, dtype=torch.bool).tril()
-    mask = torch.zeros(total, total).masked_fill(~allowed, float("-inf"))[None, None].expand(groups, 1, total, total)
-    positions = torch.cat([torch.arange(width), (width + torch.arange(length)).repeat(n)])[None].expand(groups, total)
-    ids = torch.cat([prompts, responses.reshape(groups, n * length)], 1)
-    logits = model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=False).logits
-    # response i's first token is predicted at the prompt's last column, its token t > 0 at column s + t - 1
-    predictors = torch.stack([torch.cat([torch.tensor([width - 1]), s + torch.arange(length - 1)]) for s in starts])
-    return response_logprobs(logits, predictors, responses.reshape(groups, n * length)).reshape(groups * n, length)
+def rows_forward(model, batch: dict[str, torch.Tensor], keep: int) -> torch.Tensor:
+    """Today's default: every row carries its prompt (TrainEngine.forward without share_prompts)."""
+    mask = batch["attention_mask"]
+    return model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                 use_cache=False, logits_to_keep=keep).logits
+
+
+def packed_forward(model, batch: dict[str, torch.Tensor], keep: int) -> torch.Tensor:
+    """algorithm.share_prompts=on (TrainEngine._forward_packed)."""
+    packing = pack_shared_prompts(batch["input_ids"], batch["attention_mask"], batch["response_mask"])
+    out = model(input_ids=packing.input_ids, position_ids=packing.position_ids, attention_mask=packing.attention_mask,
+                use_cache=False, logits_to_keep=packing.input_ids.shape[1] - packing.first_kept)
+    return unpacked_logits(out.logits, packing, keep)
+
+
+def response_logprobs(forward, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    keep = logits_to_keep(batch["response_mask"])
+    return token_logprobs(forward(model, batch, keep), batch["input_ids"]) * batch["response_mask"]
 
 
 def main() -> None:
@@ -69,15 +61,19 @@ def main() -> None:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32, attn_implementation="sdpa")
     vocab = model.config.vocab_size
-    prompts = torch.randint(1, vocab, (args.prompts, args.prompt))
-    responses = torch.randint(1, vocab, (args.prompts, args.n, args.response))
+    samples = []
+    for p in range(args.prompts):
+        prompt = torch.randint(1, vocab, (args.prompt,)).tolist()
+        samples += [Sample(p, prompt, torch.randint(1, vocab, (args.response,)).tolist()) for _ in range(args.n)]
+    batch = pack(samples, pad_id=0)
     with torch.no_grad():
-        difference = (unpacked(model, prompts, responses) - packed(model, prompts, responses)).abs().max().item()
+        difference = (response_logprobs(rows_forward, model, batch)
+                      - response_logprobs(packed_forward, model, batch)).abs().max().item()
     seconds: dict[str, list[float]] = {"unpacked": [], "packed": []}
     for _ in range(args.repeats):
-        for name, forward in (("unpacked", unpacked), ("packed", packed)):
+        for name, forward in (("unpacked", rows_forward), ("packed", packed_forward)):
             start = time.perf_counter()
-            forward(model, prompts, responses).sum().backward()
+            response_logprobs(forward, model, batch).sum().backward()
             seconds[name].append(time.perf_counter() - start)
             model.zero_grad(set_to_none=True)
     medians = {k: statistics.median(v) for k, v in seconds.items()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..config import Config, LayoutConfig
 from ..errors import ConfigError
+from ..parallel_layout import ParallelLayout
 
 
 def check_micro_batches(cfg: Config) -> None:
@@ -26,7 +27,7 @@ def check_micro_batches(cfg: Config) -> None:
 def not_data_parallel(cfg: Config) -> LayoutConfig | None:
     """The first training layout of the run (parallel.train, then parallel.schedule) that is not data parallel only."""
     layouts = [cfg.parallel.train, *cfg.parallel.schedule]
-    return next((lay for lay in layouts if lay.pp > 1 or lay.tp > 1 or lay.ep > 1 or lay.cp > 1), None)
+    return next((lay for lay in layouts if not ParallelLayout.of(lay).data_parallel_only), None)
 
 
 def resolve_share_prompts(cfg: Config, cuda: bool) -> str:

@@ -28,18 +28,23 @@ _REAP_POLL_S = 0.05
 @contextmanager
 def imports_without_gc() -> Iterator[None]:
     """The cyclic collector paused while torch, transformers and vLLM import: their objects live as long as the
-    process, so the collections their allocations trigger find nothing and cost about a quarter of the import time
-    (scripts/bench_startup.py). Then frozen, so that no later collection walks them either, until the process exits
-    (a normal exit frees them, or extension modules report them as leaked)."""
+    process, so the collections their allocations trigger find nothing (scripts/bench_startup.py measures what they
+    cost); then imports_done."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.freeze()
-        atexit.register(gc.unfreeze)
-        if enabled:
-            gc.enable()
+        imports_done(enable=enabled)
+
+
+def imports_done(enable: bool = True) -> None:
+    """What the imports made is frozen, so that no later collection walks it, until the process exits (a normal exit
+    frees it, or extension modules report it as leaked); then the collector runs again if `enable`."""
+    gc.freeze()
+    atexit.register(gc.unfreeze)
+    if enable:
+        gc.enable()
 
 
 def preload(modules: Sequence[str], env: dict[str, str]) -> None:

@@ -42,9 +42,9 @@ def pack_shared_prompts(input_ids: Tensor, attention_mask: Tensor, loss_mask: Te
     ids = torch.zeros(len(groups), length, dtype=input_ids.dtype)
     positions = torch.zeros(len(groups), length, dtype=torch.long)
     allowed = torch.zeros(len(groups), length, length, dtype=torch.bool)
-    first_kept = min(len(p) for p in groups) - 1
+    first_kept = max(min(len(p) for p in groups) - 1, 0)
     to_row = torch.zeros(rows, width, dtype=torch.long)
-    to_column = torch.full((rows, width), max(first_kept, 0), dtype=torch.long)
+    to_column = torch.full((rows, width), first_kept, dtype=torch.long)
     for g, (prompt, members) in enumerate(groups.items()):
         p = len(prompt)
         ids[g, :p] = input_ids[members[0], :p]
@@ -63,7 +63,7 @@ def pack_shared_prompts(input_ids: Tensor, attention_mask: Tensor, loss_mask: Te
             start += n
         padding = torch.arange(start, length)
         allowed[g, padding, padding] = True  # a padding column attends to itself: no row of the mask is empty
-    return PackedPrompts(ids, positions, allowed.unsqueeze(1), to_row, to_column, max(first_kept, 0))
+    return PackedPrompts(ids, positions, allowed.unsqueeze(1), to_row, to_column, first_kept)
 
 
 def unpacked_logits(packed_logits: Tensor, packing: PackedPrompts, keep: int) -> Tensor:

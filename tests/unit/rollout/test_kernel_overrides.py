@@ -13,7 +13,6 @@ def test_the_kernels_are_swapped_once_and_an_engine_start_keeps_them() -> None:
     kernel_overrides_once()
     swapped = ComputeSlotMappingKernel.kernel
     assert isinstance(swapped, KernelOverride)
-    assert not isinstance(swapped.func, KernelOverride)  # the fallback itself, not a wrapper of a wrapper
     current_platform.register_triton_kernel_overrides()  # what vLLM's worker calls at every engine start
     kernel_overrides_once()
     assert ComputeSlotMappingKernel.kernel is swapped
