@@ -137,7 +137,7 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     max_new_tokens: int = 8
-    kv_cache_bytes: int = 64 * 1024 * 1024  # KV cache per rank; 0 = vLLM sizes it from gpu_memory_utilization
+    kv_cache_bytes: int = 0  # KV cache per rank; 0 = derived: CPU, all of a replica's sequences at once (rollout/gpu_defaults.py); CUDA, what gpu_memory_utilization leaves
     max_model_len: int = 0  # vLLM's max_model_len (prompt + completion tokens); 0 = derived (rollout/context_length.py)
     sync: str = "vps"  # vps (only the bytes each rollout shard needs) | naive (full tensors, by name)
     expert_parallel: bool = False  # MoE: vLLM's enable_expert_parallel (whole experts per rank, not TP slices)

@@ -19,6 +19,7 @@ from ..launch.host import visible_gpu_count
 from ..models.catalog import catalog_from_config
 from ..rollout.context_length import max_model_len
 from ..rollout.gpu_defaults import DTYPE_BYTES, KV_BLOCK_TOKENS, KvShape, rollout_dtype, sequence_kv_bytes
+from ..rollout.gpu_defaults import kv_shape as model_kv_shape
 from ..errors import ConfigError
 
 GIB = 2**30
@@ -39,11 +40,8 @@ def model_fields(cfg: Config) -> SimpleNamespace:
 
 
 def kv_shape(cfg: Config, device_type: str) -> KvShape:
-    f = model_fields(cfg)
-    heads = f.num_attention_heads
-    return KvShape(layers=f.num_hidden_layers, kv_heads=getattr(f, "num_key_value_heads", None) or heads,
-                   head_dim=getattr(f, "head_dim", None) or f.hidden_size // heads, tp=cfg.rollout.tp,
-                   dtype=rollout_dtype(device_type, cfg.trainer.precision, cfg.model.dtype))
+    return model_kv_shape(model_fields(cfg), cfg.rollout.tp, rollout_dtype(device_type, cfg.trainer.precision,
+                                                                          cfg.model.dtype))
 
 
 def check_gpu_memory_utilization(cfg: Config) -> None:
@@ -95,7 +93,8 @@ def check_kv_cache(cfg: Config, device_type: str, gpu_bytes: int | None) -> None
             raise ConfigError(
                 f"rollout.kv_cache_bytes={r.kv_cache_bytes:,} cannot hold one sequence: {what}. Set "
                 f"rollout.kv_cache_bytes to at least {need} (more for several sequences at once)"
-                + (", or 0 to let vLLM size it from rollout.gpu_memory_utilization." if device_type == "cuda" else "."))
+                + (", or 0 to let vLLM size it from rollout.gpu_memory_utilization." if device_type == "cuda" else
+                   ", or 0 to size it for every sequence a rollout replica runs at once."))
         return
     if device_type != "cuda" or gpu_bytes is None:
         return

@@ -2,17 +2,21 @@
 
 On CUDA the rollout runs in the model's own low precision (FlashAttention needs bf16 / fp16), with CUDA graphs and
 torch.compile (`enforce_eager=False`), inside a share of the GPU (`gpu_memory_utilization`) that leaves room for the
-training engines it sits next to; in colocate it sleeps between generations (vLLM's sleep mode). On the CPU nothing
-changes: the trainer's precision, eager mode and a fixed KV cache in bytes.
+training engines it sits next to; in colocate it sleeps between generations (vLLM's sleep mode). On the CPU: the
+trainer's precision, eager mode, a KV cache in bytes that holds every sequence a replica runs at once (unless
+`rollout.kv_cache_bytes` names one), and 32-token blocks, so that a prompt's n samples, and prompts that open alike
+(a system prompt), share their prefill through vLLM's prefix cache (only whole blocks are shared).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from rlhf_dyna.config import Config
+from rlhf_dyna.rollout.context_length import max_model_len
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-KV_BLOCK_TOKENS = {"cpu": 128, "cuda": 16}  # vLLM 0.32's default KV block per platform: a sequence takes whole blocks
+KV_BLOCK_TOKENS = {"cpu": 32, "cuda": 16}  # CPU: its attention's smallest (vLLM's default there is 128); CUDA: vLLM's
+CPU_KV_CACHE_CEILING = 1 << 30  # the derived CPU KV cache per rank stops here; sequences past it wait their turn
 
 
 def rollout_dtype(device_type: str, precision: str, model_dtype: str) -> str:
@@ -60,11 +64,38 @@ def sequence_kv_bytes(shape: KvShape, max_model_len: int, device_type: str) -> i
     return (-(-max_model_len // block) + 1) * block * shape.bytes_per_token
 
 
-def engine_args(cfg: Config, device_type: str, colocated: bool) -> dict:
-    """The settings of a run's vLLM engine from its config (VLLMRollout's and SubsetVLLMRollout's keywords);
-    `colocated`: the engine shares its ranks with training, so it sleeps between generations on CUDA."""
+def kv_shape(fields, tp: int, dtype: str) -> KvShape:
+    """From a model's HF config fields (a config.json's, or cfg.model's, which carry the same names)."""
+    heads = fields.num_attention_heads
+    return KvShape(layers=fields.num_hidden_layers, kv_heads=getattr(fields, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(fields, "head_dim", None) or fields.hidden_size // heads, tp=tp, dtype=dtype)
+
+
+def replica_sequences(cfg: Config, replicas: int) -> int:
+    """The most sequences one of `replicas` rollout replicas runs at once: its share of a step's samples or of the
+    eval set."""
+    rows = max(cfg.task.prompts_per_step * cfg.rollout.n, cfg.task.eval_size, 1)
+    return -(-rows // max(replicas, 1))
+
+
+def cpu_kv_cache_bytes(cfg: Config, replicas: int) -> int:
+    """rollout.kv_cache_bytes=0 on the CPU: every sequence of a replica's share at max_model_len, at most
+    CPU_KV_CACHE_CEILING (and never less than one sequence, vLLM's minimum)."""
+    shape = kv_shape(cfg.model, cfg.rollout.tp, rollout_dtype("cpu", cfg.trainer.precision, cfg.model.dtype))
+    one = sequence_kv_bytes(shape, max_model_len(cfg), "cpu")
+    per_sequence = one - KV_BLOCK_TOKENS["cpu"] * shape.bytes_per_token  # vLLM keeps one block back, once
+    return max(one, min(CPU_KV_CACHE_CEILING, one + (replica_sequences(cfg, replicas) - 1) * per_sequence))
+
+
+def engine_args(cfg: Config, device_type: str, colocated: bool, replicas: int) -> dict:
+    """The settings of a run's vLLM engine from its config (VLLMRollout's and SubsetVLLMRollout's keywords), for
+    one of `replicas` rollout replicas; `colocated`: the engine shares its ranks with training, so it sleeps between
+    generations on CUDA."""
     r = cfg.rollout
+    on_cuda = device_type == "cuda"
+    kv_cache_bytes = r.kv_cache_bytes or (0 if on_cuda else cpu_kv_cache_bytes(cfg, replicas))
     args = dict(dtype=rollout_dtype(device_type, cfg.trainer.precision, cfg.model.dtype),
-                kv_cache_bytes=r.kv_cache_bytes, gpu_memory_utilization=r.gpu_memory_utilization,
-                enforce_eager=enforce_eager(device_type, r.enforce_eager))
+                kv_cache_bytes=kv_cache_bytes, gpu_memory_utilization=r.gpu_memory_utilization,
+                enforce_eager=enforce_eager(device_type, r.enforce_eager),
+                block_size=None if on_cuda else KV_BLOCK_TOKENS["cpu"])
     return {**args, "sleep_level": r.sleep_level if device_type == "cuda" else 0} if colocated else args

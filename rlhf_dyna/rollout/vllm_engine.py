@@ -110,7 +110,7 @@ class VLLMRollout:
             enable_prefix_caching=enable_prefix_caching,
             load_format=load_format,
             enable_expert_parallel=expert_parallel,
-            **({} if block_size is None else {"block_size": block_size}),  # CPU default 128; only full blocks are prefix-cached
+            **({} if block_size is None else {"block_size": block_size}),  # only whole blocks are prefix-cached
             worker_cls="rlhf_dyna.rollout.cpu_worker.ShmIdentCPUWorker" if current_platform.is_cpu() else "auto",
             **platform_engine_args(max_model_len),
         )

@@ -53,7 +53,8 @@ class ColocateRuntime(Runtime):
         return VLLMRollout(
             str(self.model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
             expert_parallel=cfg.rollout.expert_parallel, load_format=load_format,
-            **engine_args(cfg, self.run.dist_info.device.type, colocated=True),
+            **engine_args(cfg, self.run.dist_info.device.type, colocated=True,
+                          replicas=cfg.parallel.world_size // cfg.rollout.tp),
         )
 
     def prepare_to_join(self, membership: Membership, model_dir, process: int) -> None:

@@ -312,7 +312,7 @@ class RebalanceRuntime(SplitRuntime):
         if generates and self.rollout is None:  # joins the rollout set: its engine opens the initial weights
             t = time.perf_counter()
             self._join_stopping()  # an engine this rank stopped earlier shares the weight file's name
-            self.rollout = start_engine(self.cfg, self.model_dir, self.rank)
+            self.rollout = start_engine(self.cfg, self.model_dir, self.rank, replicas=1)  # the set may shrink to one
             parts["rebalance/engine_start_seconds"] = time.perf_counter() - t
         self.layout, self.rollout_layout, self.actor_first_rank = new, new_rollout, new.first_rank
         self.sync = SubsetSync(self.hf_config, dst, new_rollout.first_rank, new_rollout.size)

@@ -50,10 +50,11 @@ def split_layouts(cfg, rollout_ranks: int | None = None) -> tuple[ParallelLayout
     return layout, RolloutLayout(rollout.size, 1, rollout.first)
 
 
-def start_engine(cfg, model_dir: Path, rank: int) -> SubsetVLLMRollout:
-    """This rank's tp=1 engine (core in its own process), opened on the run's initial weights."""
+def start_engine(cfg, model_dir: Path, rank: int, replicas: int) -> SubsetVLLMRollout:
+    """This rank's tp=1 engine (core in its own process), opened on the run's initial weights, its KV cache sized
+    for one of `replicas` rollout ranks."""
     return SubsetVLLMRollout(model_dir, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
-                             rank=rank, **engine_args(cfg, world_device_type(), colocated=False))
+                             rank=rank, **engine_args(cfg, world_device_type(), colocated=False, replicas=replicas))
 
 
 class SplitRuntime(Runtime):
@@ -82,7 +83,7 @@ class SplitRuntime(Runtime):
 
     def start_rollout_set(self) -> None:
         if self.rollout_layout.holds(self.rank):
-            self.rollout = start_engine(self.cfg, self.model_dir, self.rank)
+            self.rollout = start_engine(self.cfg, self.model_dir, self.rank, self.rollout_layout.replicas)
 
     def initial_model_dir(self) -> Path:
         """The engines open a model directory: the train set's first rank writes the initial weights (random init)."""

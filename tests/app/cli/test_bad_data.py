@@ -92,8 +92,8 @@ CASES = [
      "{root}/truncated/model.safetensors is not a whole safetensors file"),
     ("kv_cache_too_small", lambda s: [f"model.path={s['ckpt']}", f"task.train_files=[{s['data']}]", "rollout.kv_cache_bytes=100000"],
      "rollout.kv_cache_bytes=100,000 cannot hold one sequence: one sequence of rollout.max_model_len=262 tokens needs "
-     "262,144 bytes of KV cache on each rollout rank (1 layers x K and V x 2 KV head(s) x head_dim 32 x 4 bytes, in whole "
-     "blocks of 128 tokens plus the block vLLM keeps back). Set rollout.kv_cache_bytes to at least 262144"),
+     "163,840 bytes of KV cache on each rollout rank (1 layers x K and V x 2 KV head(s) x head_dim 32 x 4 bytes, in whole "
+     "blocks of 32 tokens plus the block vLLM keeps back). Set rollout.kv_cache_bytes to at least 163840"),
 ]
 
 

@@ -15,8 +15,8 @@ CLI_CASES = [
     (["rollout.gpu_memory_utilization=0"], "rollout.gpu_memory_utilization=0.0 is outside (0, 1]"),
     (["rollout.gpu_memory_utilization=1.5"], "rollout.gpu_memory_utilization=1.5 is outside (0, 1]"),
     # the minimum vLLM 0.32 enforces for this model (tests/ranks/gpu/test_kv_minimum.py)
-    (["rollout.kv_cache_bytes=262143"], "rollout.kv_cache_bytes=262,143 cannot hold one sequence: one sequence of "
-                                        "rollout.max_model_len=64 tokens needs 262,144 bytes"),
+    (["rollout.kv_cache_bytes=98303"], "rollout.kv_cache_bytes=98,303 cannot hold one sequence: one sequence of "
+                                       "rollout.max_model_len=64 tokens needs 98,304 bytes"),
 ]
 
 

@@ -10,7 +10,7 @@ import pytest
 from rlhf_dyna.checks.gpu import kv_shape
 from rlhf_dyna.config import Config
 from rlhf_dyna.models.build import ModelSpec, build_policy, make_hf_config, save_hf_dir
-from rlhf_dyna.rollout.gpu_defaults import sequence_kv_bytes
+from rlhf_dyna.rollout.gpu_defaults import KV_BLOCK_TOKENS, sequence_kv_bytes
 from tests.forkserver import forkserver
 
 
@@ -22,7 +22,7 @@ def _start_vllm(nbytes: int, model_dir: str, result: str) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
         LLM(model=model_dir, skip_tokenizer_init=True, enforce_eager=True, kv_cache_memory_bytes=nbytes,
-            dtype="float32", max_model_len=64)
+            dtype="float32", max_model_len=64, block_size=KV_BLOCK_TOKENS["cpu"])
         outcome = "STARTED"
     except ValueError as err:
         outcome = f"REFUSED {err}"
@@ -50,6 +50,6 @@ def test_vllm_starts_at_the_named_minimum_and_not_below(tmp_path: Path) -> None:
                      max_position_embeddings=m.max_position_embeddings)
     save_hf_dir(list(build_policy(spec, seed=0).state_dict().items()), make_hf_config(spec), tmp_path)
     need = sequence_kv_bytes(kv_shape(cfg, "cpu"), m.max_position_embeddings, "cpu")
-    assert need == 262_144  # two 128-token blocks (the sequence's and the one vLLM keeps back) of 1 KiB a token
+    assert need == 98_304  # three 32-token blocks (the sequence's two and the one vLLM keeps back) of 1 KiB a token
     assert probe(need - 1, tmp_path).startswith("REFUSED")
     assert probe(need, tmp_path) == "STARTED"
