@@ -61,6 +61,7 @@ class ParallelConfig:
     world_size: int = 2  # ranks of the job (CPU processes here, GPUs on a cluster)
     nodes: int = 1
     device: str = "auto"  # auto | cpu | cuda
+    shm_collectives: bool = True  # CPU ranks of one host: FSDP's all-gathers and reduce-scatters through /dev/shm, not gloo
     train: LayoutConfig = field(default_factory=LayoutConfig)
     schedule: list[LayoutSwitchConfig] = field(default_factory=list)  # online training-layout changes
 

@@ -12,6 +12,7 @@ from .launch import init_distributed, record_failure, route_rank_output, shutdow
 from .elastic.join_world import NotAdmitted
 from .launch.fork import exit_now, imports_without_gc
 from .launch.spawn import JOINER_ENV
+from .train.shm_collectives import use_shm_collectives
 
 
 def shared_output_dir(out_dir: Path) -> Path:
@@ -27,6 +28,7 @@ def run_rank(cfg: Config, out_dir: Path) -> None:
     route_rank_output(out_dir, dist_info.rank, cfg.tracking.console)  # torchrun: output to logs/, as spawn_ranks does
     with imports_without_gc():
         from .orchestrator.loop import run_training  # after the routing: vLLM's import notices go to the rank's log
+    use_shm_collectives(cfg.parallel.shm_collectives)
 
     try:
         run_training(cfg, out_dir, dist_info)
@@ -41,6 +43,7 @@ def run_joiner_process(cfg: Config, out_dir: Path, index: int) -> None:
     """Joiner process `index` (elastic.events join@S): it enters the world at its boundary (orchestrator/joiner.py)."""
     with imports_without_gc():
         from .orchestrator.joiner import run_joiner  # as in run_rank: vLLM's import notices go to the process's log
+    use_shm_collectives(cfg.parallel.shm_collectives)
 
     try:
         run_joiner(cfg, out_dir, index)
@@ -56,6 +59,7 @@ def run_requested_join(cfg: Config, run_dir: Path) -> int:
     the exit code (1 with one paragraph when the job refused this process or ended before admitting it)."""
     with imports_without_gc():
         from .orchestrator.joiner import run_joiner  # as in run_rank: torch, vLLM and the loop on first use
+    use_shm_collectives(cfg.parallel.shm_collectives)
 
     try:
         run_joiner(cfg, run_dir, None)

@@ -11,6 +11,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from rlhf_dyna.models.architectures import architecture
+from rlhf_dyna.train import shm_collectives
 from rlhf_dyna.train.expert_parallel import apply_expert_parallel, moe_experts
 from rlhf_dyna.vps.train_layout import row_sharded_on_cols
 
@@ -100,7 +101,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int 
     With expert_mesh ("edp" of an EP mesh), each MoE layer's experts (DTensors on "ep") are their own FSDP unit over
     it; their grads, summed over the EP group by the all-to-all's backward and over edp by the reduce-scatter, are
     divided by the whole dp size, as every other grad is (torchtitan's scheme). `per_layer`: None = by the model's
-    size (per_layer_units)."""
+    size (per_layer_units). On the CPU the units' all-gathers and reduce-scatters go through shared memory where the
+    group is on one host (train/shm_collectives.py)."""
     if zero not in ZERO_STAGES:
         raise ValueError(f"zero={zero}; valid: {ZERO_STAGES}")
     if precision == "bf16":
@@ -123,6 +125,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, zero: int 
                         shard_placement_fn=fsdp_shard_dim([layer], dp_mesh.size(), row_parallel))
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=not keep_replicas,
                 shard_placement_fn=None if per_layer else fsdp_shard_dim(layers, dp_mesh.size(), row_parallel))
+    if dp_mesh.device_type == "cpu" and dp_mesh.size() > 1:
+        shm_collectives.install([*layers, model] if per_layer else [model])
     if keep_replicas:
         model.set_reshard_after_backward(False)  # recurses: every FSDP module keeps its gathered params
 

@@ -1,0 +1,80 @@
+"""FSDP's collectives through shared memory (train/shm_collectives.py) on real gloo ranks: the same results as gloo's,
+nothing left in /dev/shm, gloo again where the group spans hosts, and a training engine that trains alike."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+
+from rlhf_dyna.models.build import build_policy
+from rlhf_dyna.parallel_layout import ParallelLayout
+from rlhf_dyna.train import shm_collectives
+from rlhf_dyna.train.engine import TrainEngine, full_state_dict
+from rlhf_dyna.train.mesh import build_mesh
+from rlhf_dyna.train.shm_collectives import SHM_DIR, ShmAllGather, ShmComm, ShmReduceScatter, run_ident
+from tests.multirank import run_ranks
+from tests.ranks.tiny_models import nll_loss, random_batch, tiny_spec
+
+
+def _against_gloo(rank: int, world: int, other_host: bool) -> None:
+    group = dist.group.WORLD
+    if other_host and rank == world - 1:
+        socket.gethostname = lambda: "another-host"  # this process only: the group now spans two "hosts"
+    comm = ShmComm()
+    gather, scatter = ShmAllGather(comm), ShmReduceScatter(comm)
+    for step, (numel, dtype) in enumerate([(5, torch.float32), (3000, torch.bfloat16), (1 << 20, torch.float32),
+                                           (7, torch.float32), (1 << 21, torch.float32)]):  # grows twice, alternates
+        g = torch.Generator().manual_seed(10 * step + rank)
+        shard = torch.randn(numel, generator=g).to(dtype)
+        out, expected = torch.empty(world * numel, dtype=dtype), torch.empty(world * numel, dtype=dtype)
+        assert gather(out, shard, group) is None or other_host
+        dist.all_gather_into_tensor(expected, shard)
+        assert torch.equal(out, expected), (numel, dtype)
+        full = torch.randn(world * numel, generator=g).to(dtype)
+        parts = torch.empty(world, world * numel, dtype=dtype)
+        dist.all_gather_into_tensor(parts.view(-1), full)
+        m = parts[:, rank * numel:(rank + 1) * numel]
+        by_halves = (m[0] + m[1]) + (m[2] + m[3]) if world == 4 else m[0] + m[1]
+        for op, want in ((dist.ReduceOp.SUM, by_halves), (dist.ReduceOp.AVG, by_halves / world)):
+            reduced = torch.empty(numel, dtype=dtype)
+            scatter(reduced, full, group, op)
+            if other_host:  # gloo's own order of addition
+                torch.testing.assert_close(reduced, want)
+            else:
+                assert torch.equal(reduced, want), (numel, dtype, op)
+    assert (comm.windows[group.group_name] is None) == other_host
+    dist.barrier()
+    left = [p.name for p in SHM_DIR.iterdir() if p.name.startswith(f"{run_ident()}-fsdp-")]
+    assert left == [], left
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("other_host", [False, True], ids=["one_host", "spans_hosts"])
+def test_shared_memory_collectives_equal_gloo(other_host: bool) -> None:
+    run_ranks(_against_gloo, 2 if other_host else 4, other_host)
+
+
+def _engines_alike(rank: int, world: int) -> None:
+    mesh = build_mesh(ParallelLayout(world, 1))
+    batch = random_batch(seed=100 + rank, batch=2)
+    runs = {}
+    for shm in (True, False):
+        shm_collectives.use_shm_collectives(shm)
+        engine = TrainEngine(build_policy(tiny_spec(), seed=3), mesh, lr=1e-2, grad_clip=1.0)
+        comms = {type(group._all_gather_comm) for m in engine.model.modules() if isinstance(m, FSDPModule)
+                 for group in m._get_fsdp_state()._fsdp_param_groups}
+        assert (comms == {ShmAllGather}) == shm, comms
+        losses = [engine.step(batch, nll_loss)["loss"] for _ in range(3)]
+        runs[shm] = losses, dict(full_state_dict(engine))
+    shm_collectives.use_shm_collectives(True)
+    assert runs[True][0] == runs[False][0], (runs[True][0], runs[False][0])
+    for name, value in runs[False][1].items():
+        assert torch.equal(runs[True][1][name], value), name
+
+
+@pytest.mark.timeout(120)
+def test_an_engine_trains_through_shared_memory_as_through_gloo() -> None:
+    run_ranks(_engines_alike, 2)
