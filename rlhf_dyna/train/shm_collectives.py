@@ -7,7 +7,7 @@ windows makes one barrier per call enough: a rank writes a window again two call
 barrier, which every rank reaches only when it is done reading that window. The windows are unlinked as soon as all
 ranks have mapped them, so a crash leaves nothing in /dev/shm.
 
-Reductions add the ranks' parts in one fixed grouping on every rank (sum_by_halves): the same bits everywhere.
+Reductions add the ranks' parts in the order gloo's ring does (ring_sum): gloo's bits.
 """
 from __future__ import annotations
 
@@ -86,20 +86,16 @@ def _as(window: Tensor, start: int, numel: int, dtype: torch.dtype) -> Tensor:
     return window[start * size:(start + numel) * size].view(dtype)
 
 
-def sum_by_halves(parts: list[Tensor], out: Tensor) -> None:
-    """out = the first half's sum + the second half's, recursively: (0+1)+(2+3) for four ranks, the grouping the same
-    rows get from half as many ranks, which keeps results across world sizes closest."""
-    if len(parts) == 1:
-        out.copy_(parts[0])
-        return
-    half = (len(parts) + 1) // 2
-    sum_by_halves(parts[:half], out)
-    if len(parts) - half == 1:
-        out.add_(parts[half])
-        return
-    rest = torch.empty_like(out)
-    sum_by_halves(parts[half:], rest)
-    out.add_(rest)
+def ring_sum(parts: list[Tensor], rank: int, out: Tensor) -> None:
+    """out = rank `rank`'s share summed in the order of gloo's ring (torch 2.13, measured element for element on 2-4
+    ranks): from the previous rank backwards around the ring, this rank's own part last. Where gloo's ring segments
+    fall on the shares' bounds (shares of an even number of elements, as FSDP's padded shards are here) these are
+    gloo's bits, so a run's numbers do not depend on which of the two carried its gradients; elsewhere the same sum
+    in another order."""
+    size = len(parts)
+    out.copy_(parts[(rank - 1) % size])
+    for k in range(2, size + 1):
+        out.add_(parts[(rank - k) % size])
 
 
 class ShmComm:
@@ -163,7 +159,7 @@ class ShmReduceScatter(ReduceScatter):
         _as(slot[windows.rank], 0, total, dtype).copy_(input_tensor.view(-1))
         windows.barrier()
         start = windows.rank * numel
-        sum_by_halves([_as(window, start, numel, dtype) for window in slot], out)
+        ring_sum([_as(window, start, numel, dtype) for window in slot], windows.rank, out)
         if op == dist.ReduceOp.AVG:
             out.div_(windows.size)
         return None
