@@ -5,13 +5,15 @@ instead. Each rank owns two windows in /dev/shm that every rank of the group map
 part into its window, meets the others at one gloo barrier (a few bytes), and reads their parts. Alternating the two
 windows makes one barrier per call enough: a rank writes a window again two calls later, after the next call's
 barrier, which every rank reaches only when it is done reading that window. The windows are unlinked as soon as all
-ranks have mapped them, so a crash leaves nothing in /dev/shm.
+ranks have mapped them, so a crash leaves nothing in /dev/shm. They cost each rank twice the largest unsharded FSDP
+unit (a reduce-scatter's input) in /dev/shm; where it has no room for the group's windows, gloo carries the calls.
 
 Reductions add the ranks' parts in the order gloo's ring does (ring_sum): gloo's bits.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from pathlib import Path
 
@@ -56,8 +58,15 @@ class ShmWindows:
         self.capacity, self.generation, self.calls = 0, 0, 0
         self.windows: list[list[Tensor]] = []  # [slot][rank], bytes
 
-    def _grow(self, nbytes: int) -> None:
+    def _grow(self, nbytes: int) -> bool:
+        """Windows of at least `nbytes`; False (on every rank) where /dev/shm has no room for the group's windows:
+        a write past a full tmpfs would kill the rank with SIGBUS."""
         capacity = -(-max(nbytes, 2 * self.capacity) // WINDOW_ALIGN) * WINDOW_ALIGN
+        room = torch.tensor([int(shutil.disk_usage(SHM_DIR).free >= 2 * capacity * self.size)])
+        dist.all_reduce(room, op=dist.ReduceOp.MIN, group=self.group)
+        if not room.item():
+            self.windows, self.capacity = [], -1  # gloo from now on
+            return False
         self.generation += 1
         name = f"{self.prefix}-g{self.generation}"
         own = [SHM_DIR / f"{name}-s{slot}-r{self.rank}" for slot in (0, 1)]
@@ -69,11 +78,12 @@ class ShmWindows:
         for path in own:
             path.unlink()
         self.capacity = capacity
+        return True
 
-    def slot(self, nbytes: int) -> list[Tensor]:
-        """The windows of this call, one per rank, holding at least `nbytes`."""
-        if nbytes > self.capacity:
-            self._grow(nbytes)
+    def slot(self, nbytes: int) -> list[Tensor] | None:
+        """The windows of this call, one per rank, holding at least `nbytes`; None: gloo carries it."""
+        if self.capacity < 0 or (nbytes > self.capacity and not self._grow(nbytes)):
+            return None
         self.calls += 1
         return self.windows[self.calls % 2]
 
@@ -124,10 +134,10 @@ class ShmAllGather(AllGather):
     def __call__(self, output_tensor: Tensor, input_tensor: Tensor, group: dist.ProcessGroup,
                  async_op: bool = False) -> dist.Work | None:
         windows = self.comm.of(group)
-        if windows is None:
-            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
         numel, dtype, out = input_tensor.numel(), input_tensor.dtype, output_tensor.view(-1)
-        slot = windows.slot(numel * input_tensor.element_size())
+        slot = windows.slot(numel * input_tensor.element_size()) if windows is not None else None
+        if slot is None:
+            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
         _as(slot[windows.rank], 0, numel, dtype).copy_(input_tensor.view(-1))
         windows.barrier()
         for r in range(windows.size):
@@ -146,8 +156,9 @@ class ShmReduceScatter(ReduceScatter):
 
     def __call__(self, output_tensor: Tensor, input_tensor: Tensor, group: dist.ProcessGroup, op,
                  async_op: bool = False) -> dist.Work | None:
-        windows = self.comm.of(group)
-        if windows is None or op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+        windows = self.comm.of(group) if op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG) else None
+        slot = windows.slot(input_tensor.numel() * input_tensor.element_size()) if windows is not None else None
+        if slot is None:
             if op != dist.ReduceOp.AVG:
                 return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
             dist.reduce_scatter_tensor(output_tensor, input_tensor, group=group)  # gloo has no AVG
@@ -155,7 +166,6 @@ class ShmReduceScatter(ReduceScatter):
             return None
         total, dtype, out = input_tensor.numel(), input_tensor.dtype, output_tensor.view(-1)
         numel = total // windows.size
-        slot = windows.slot(total * input_tensor.element_size())
         _as(slot[windows.rank], 0, total, dtype).copy_(input_tensor.view(-1))
         windows.barrier()
         start = windows.rank * numel

@@ -2,6 +2,7 @@
 nothing left in /dev/shm, gloo again where the group spans hosts, and a training engine that trains alike."""
 from __future__ import annotations
 
+import shutil
 import socket
 
 import pytest
@@ -19,10 +20,12 @@ from tests.multirank import run_ranks
 from tests.ranks.tiny_models import nll_loss, random_batch, tiny_spec
 
 
-def _against_gloo(rank: int, world: int, other_host: bool) -> None:
+def _against_gloo(rank: int, world: int, other_host: bool, no_room: bool = False) -> None:
     group = dist.group.WORLD
     if other_host and rank == world - 1:
         socket.gethostname = lambda: "another-host"  # this process only: the group now spans two "hosts"
+    if no_room and rank == world - 1:  # this process only sees a full /dev/shm: every rank must take gloo
+        shm_collectives.shutil.disk_usage = lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 0)
     comm = ShmComm()
     gather, scatter = ShmAllGather(comm), ShmReduceScatter(comm)
     for step, (numel, dtype) in enumerate([(6, torch.float32), (3000, torch.bfloat16), (1 << 20, torch.float32),
@@ -39,21 +42,24 @@ def _against_gloo(rank: int, world: int, other_host: bool) -> None:
         for op, want in ((dist.ReduceOp.SUM, by_gloo), (dist.ReduceOp.AVG, by_gloo / world)):
             reduced = torch.empty(numel, dtype=dtype)
             scatter(reduced, full, group, op)
-            if numel % 2 == 0:  # gloo's ring segments fall on the shares' bounds: gloo's order, its bits
+            if numel % 2 == 0 or no_room:  # gloo's ring segments fall on the shares' bounds: gloo's order, its bits
                 assert torch.equal(reduced, want), (numel, dtype, op)
             else:
                 torch.testing.assert_close(reduced, want)
     assert (comm.windows[group.group_name] is None) == other_host
+    if no_room:
+        assert comm.windows[group.group_name].capacity == -1  # no window made, on any rank
     dist.barrier()
     left = [p.name for p in SHM_DIR.iterdir() if p.name.startswith(f"{run_ident()}-fsdp-")]
     assert left == [], left
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("world,other_host", [(4, False), (3, False), (2, True)],
-                         ids=["one_host_4", "one_host_3", "spans_hosts"])
-def test_shared_memory_collectives_equal_gloo(world: int, other_host: bool) -> None:
-    run_ranks(_against_gloo, world, other_host)
+@pytest.mark.parametrize("world,other_host,no_room", [(4, False, False), (3, False, False), (2, True, False),
+                                                      (2, False, True)],
+                         ids=["one_host_4", "one_host_3", "spans_hosts", "no_room_in_dev_shm"])
+def test_shared_memory_collectives_equal_gloo(world: int, other_host: bool, no_room: bool) -> None:
+    run_ranks(_against_gloo, world, other_host, no_room)
 
 
 def _engines_alike(rank: int, world: int) -> None:
