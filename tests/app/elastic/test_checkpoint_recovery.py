@@ -21,7 +21,7 @@ from rlhf_dyna.launch.shm import SHM_DIR
 from rlhf_dyna.orchestrator.checkpoint_dirs import scan
 from tests.app.app_runs import read_metrics
 from tests.app.elastic.live_runs import start
-from tests.app.elastic.test_replica_recovery import REPLICA_DUTY, last_per_step, run_and_kill
+from tests.app.elastic.test_replica_recovery import REPLICA_DUTY, run_and_kill
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
 
@@ -43,7 +43,7 @@ def test_ranks_lost_with_no_replica_of_their_state_are_survived_from_the_checkpo
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert not marked_processes(str(run_dir))
     assert "rank 1, 2 of 4 lost" in done.stderr and "from the newest complete checkpoint" in done.stderr
-    rows = last_per_step(read_metrics(run_dir))
+    rows = read_metrics(run_dir)  # each step once: the step-3 row logged before the kill went with the rollback
     assert [r["step"] for r in rows] == list(range(STEPS + 1))
     after = rows[EVERY + 1:]
     assert [r.get("elastic/world_size") for r in after] == [2.0] * len(after)
@@ -101,7 +101,7 @@ def test_a_rank_killed_inside_a_weight_sync_is_survived_from_the_replicas(tmp_pa
     assert "weight_sync/step_3 of launched rank 2" in killed_line(run_dir, 2)
     assert not marked_processes(str(run_dir))
     assert "rank 2 of 4 lost" in err
-    rows = last_per_step(read_metrics(run_dir))
+    rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(5))
     assert rows[3]["elastic/recovery/source"] == 1.0 and rows[3]["elastic/recovery/steps_lost"] == 1.0
     assert [r.get("elastic/world_size") for r in rows[3:]] == [3.0, 3.0]
