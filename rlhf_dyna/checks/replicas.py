@@ -7,7 +7,6 @@ from ..config import Config
 from ..elastic.membership import MembershipError, WorldChange, live_refusal, world_after
 from ..elastic.replicas import recovers_from_checkpoint
 from ..errors import ConfigError
-from ..launch.lost_ranks import UNRECOVERED_RANK
 from ..orchestrator.membership import global_batch
 from ..orchestrator.placements import placement_request, scores_with_reward_model
 from ..elastic.policies import make_placement
@@ -15,8 +14,7 @@ from ..elastic.policies import make_placement
 RECOVERS = ("recovery from a lost rank runs under placement=colocate with a training layout of dp and tp "
             "(parallel.train pp, cp, ep = 1, zero=3), rollout.tp=1, model.dtype=float32, no parallel.schedule, no "
             "reward model, no elastic.events or elastic.leave_on_sigterm (elastic.join requests are admitted), launched by "
-            f"python -m rlhf_dyna (not torchrun), and any rank but rank {UNRECOVERED_RANK} lost (it writes the "
-            "run's metrics and leads the recovery)")
+            "python -m rlhf_dyna (not torchrun)")
 
 
 def recovery_problems(cfg: Config, under_torchrun: bool = False) -> list[str]:
@@ -43,13 +41,11 @@ def recovery_problems(cfg: Config, under_torchrun: bool = False) -> list[str]:
 
 
 def unrecoverable_losses(cfg: Config) -> list[str]:
-    """For each rank but the store's whose loss the survivors could not take over (the global batch, a role's set),
-    why; [] = the loss of any one of them can be recovered."""
+    """For each rank whose loss the survivors could not take over (the global batch, a role's set), why; [] = the loss
+    of any one rank can be recovered (rank 0's too: the launcher serves the job's store)."""
     request = placement_request(cfg)
     placement, world, out = make_placement(request), cfg.parallel.world_size, []
     for rank in range(world):
-        if rank == UNRECOVERED_RANK:
-            continue
         change = WorldChange(world, (rank,))
         try:
             new = world_after(placement, request.train, cfg.rollout.tp, global_batch(cfg), change)

@@ -2,9 +2,10 @@
 "Replicas and recovery").
 
 When a rank's process dies, `spawn_ranks` does not stop the run at once: it waits a moment for other deaths of the
-same failure (a node's ranks die together), then decides. Recoverable (rank 0 alive, the survivors of the previous
+same failure (a node's ranks die together), then decides. Recoverable (a survivor left, the survivors of the previous
 recovery done with it, and every lost piece either held by a surviving replica or, where checkpoint recovery is on,
-in a complete checkpoint on disk): it tells the survivors on the job's store,
+in a complete checkpoint on disk; rank 0 too: the store is this process's, and the first survivor takes over the run's
+metrics): it tells the survivors on the job's store,
 
     lost/<generation> = {"lost": [ranks of the current world], "world_size": W, "source": "replicas" | "checkpoint",
                          "died_at": unix time}
@@ -28,7 +29,6 @@ from rlhf_dyna.orchestrator.checkpoint_dirs import scan
 LOST_KEY = "lost/{}"  # on the job's store (elastic.join_world.job_client_store), generation 1, 2, ...
 RECOVERED_KEY = "recovered/{}"  # set by rank 0 of the new world once its recovery is done
 SETTLE_S = 0.5  # deaths this close together are one failure (a node's ranks), decided together
-UNRECOVERED_RANK = 0  # rank 0 writes the run's metrics and leads the recovery: its own loss is not recovered yet
 
 
 def lost_key(generation: int) -> str:
@@ -59,10 +59,6 @@ class LossWatch:
         world = len(self.members)
         ranks = sorted(self.members.index(p) for p in dead)
         named = ", ".join(f"rank {r} (process {self.members[r]})" for r in ranks)
-        if UNRECOVERED_RANK in ranks:
-            return None, (f"{named} of {world} lost: rank {UNRECOVERED_RANK} writes the run's metrics and leads the "
-                          f"recovery, and recovering its own loss is not built yet. Stopped the run; resume it with "
-                          f"trainer.resume=auto.")
         if not recovered_before:
             return None, (f"{named} of {world} lost while the survivors were still recovering from the previous "
                           f"loss: a failure during recovery stops the run. Resume it with trainer.resume=auto.")
@@ -127,13 +123,11 @@ class LossHandler:
         dead = [p for p in dead if p in self.watch.members]
         if not dead:
             return None
-        if self.watch.members[UNRECOVERED_RANK] in dead:  # the run stops: nothing to ask the store
-            return self.watch.decide(dead, True)[1]
         try:
             store = self._store()
             self.fold_joins(store)
             verdict, why = self.watch.decide(dead, self.watch.recovered(store))
-        except Exception as err:  # the store went with rank 0's process, or does not answer
+        except Exception as err:  # the store (this process's server) does not answer
             return f"processes {dead} lost and the job's store does not answer ({err}); stopped the run."
         if why is not None:
             return why

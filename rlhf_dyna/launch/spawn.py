@@ -3,8 +3,9 @@
 One failing rank or a signal to the launcher stops every rank (whole process groups), shows the failing rank's
 error (the first one recorded, launch/failure.py) and removes the run's `/dev/shm` segments. What reaches the console
 is decided in launch/output.py and tracking/console_view.py: the lines of rank 0, which is the lowest-numbered
-process still running (after rank 0 leaves the job, the first survivor is rank 0). The job's TCPStore is served from
-this process (launch/job_store.py), as torchrun's agent serves its agent store, so any rank may leave the job."""
+process still running (after rank 0 leaves the job, or is lost and the survivors recover, the first survivor is rank
+0). The job's TCPStore is served from this process (launch/job_store.py), as torchrun's agent serves its agent store,
+so any rank may leave the job or be lost."""
 from __future__ import annotations
 
 import os
@@ -115,6 +116,11 @@ def _rank_env(rank: int, world_size: int, port: int, run_ident: str, extra: dict
 def _report_exit(rank: int, proc: Rank, exits: queue.Queue[tuple[int, float]]) -> None:
     proc.wait()
     exits.put((rank, time.time()))
+
+
+def _first_running(procs: list[Rank], default: int) -> int:
+    """The lowest-numbered process still running (rank 0 of the current world), else `default`."""
+    return next((i for i, p in enumerate(procs) if p.poll() is None), default)
 
 
 def _next_exit(exits: queue.Queue[tuple[int, float]], timeout: float) -> tuple[int, float] | None:
@@ -265,13 +271,15 @@ def spawn_ranks(
             if procs[rank].returncode != 0 and losses is not None:
                 deaths = settle((rank, when), lambda left: _next_exit(exits, left))
                 finished += len(deaths) - 1
+                if procs[shown[0]].poll() is not None:  # rank 0 lost: its successor's lines, before it is told
+                    shown[0] = _first_running(procs, shown[0])
                 lost_why = losses.on_deaths([r for r, _ in deaths if procs[r].returncode != 0], when)
                 if lost_why is None:
                     continue
             if procs[rank].returncode != 0:
                 failed_rank, exit_time = rank, when
             elif rank == shown[0]:  # rank 0 left the job (or the run ended): its successor is the first still running
-                shown[0] = next((i for i, p in enumerate(procs) if p.poll() is None), rank)
+                shown[0] = _first_running(procs, rank)
 
         stale = _mapped_shm(group_members({p.pid for p in procs}))
         _stop_groups(procs, grace_s)

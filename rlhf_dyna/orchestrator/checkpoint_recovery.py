@@ -34,7 +34,7 @@ def newest_complete(run_dir: Path) -> Path | None:
 def load_in_place(run: Run, runtime, layout: ParallelLayout, path: Path, reform_rollout) -> int:
     """Collective over the new world: every role this rank held rebuilt empty on `layout`'s mesh, the rollout re-formed
     (`reform_rollout()`), the checkpoint at `path` loaded into the engines and the run's state, the weights synced;
-    the checkpoint's step."""
+    the checkpoint's step (the caller rewinds the metrics to it)."""
     mesh, engines = build_mesh(layout), {}
     for role, old in runtime.engines().items():
         if old is not None:
@@ -47,6 +47,4 @@ def load_in_place(run: Run, runtime, layout: ParallelLayout, path: Path, reform_
     if state.kl_coef is not None:
         run.kl_ctl.value = state.kl_coef
     runtime.sync_weights()
-    if run.tracker is not None:  # the steps after the checkpoint are logged again
-        run.tracker.rewind(state.step)
     return state.step

@@ -15,8 +15,9 @@ rank blocked in a collective gets out at once. The loop (orchestrator/loop.py) h
 3. plans the new world as a leave of the lost ranks would (elastic.membership.world_after), builds empty engines on
    its mesh and fills them from the snapshot: the survivors' own pieces and the lost ranks' replicas, by the leave's
    plan with the lost ranks' sends served by their replica holders;
-4. rolls the loop back to the snapshot's step, re-forms vLLM over the new world, syncs the weights, and refreshes
-   the replicas on the new ring at once.
+4. rolls the loop back to the snapshot's step, re-forms vLLM over the new world, syncs the weights, rewinds the run's
+   metrics to that step (where rank 0 was lost, the first survivor opens the run's sinks: Run.rolled_back), and
+   refreshes the replicas on the new ring at once.
 Where the announcement says "checkpoint" (no surviving replica holds some lost piece, or the run keeps none), step 3-4
 load the newest complete checkpoint into empty engines in place instead (orchestrator/checkpoint_recovery.py).
 The next step logs elastic/recovery/{seconds,steps_lost,bytes_moved,source,...}.
@@ -277,6 +278,7 @@ class Recovery:
                                                                   lost, old_world)
             rolled = time.perf_counter()
         self.placement, self.ring_world = new.placement, size
+        took_over = run.rolled_back(back_to)  # metrics.jsonl from the next step; rank 0 lost: its successor's sinks
         if membership is not None:
             membership.lost_ranks(new.placement)
         if self.snapshots:
@@ -287,7 +289,8 @@ class Recovery:
             self.store.set(recovered_key(self.watchdog.generation), "1")
             print(f"rlhf_dyna: rank {', '.join(map(str, lost))} of {old_world} lost during step {step} "
                   f"({err_line(err)}); {whence}, rolled back to step {back_to}; training layout "
-                  f"{layout.describe()} on {size} ranks, {done_at - started:.2f} s", flush=True)
+                  f"{layout.describe()} on {size} ranks, {done_at - started:.2f} s"
+                  + (f"; rank {old_rank} is rank 0 now and writes the run's metrics" if took_over else ""), flush=True)
         self.pending = {"elastic/recovery/seconds": done_at - started,
                         "elastic/recovery/steps_lost": float(step - back_to),
                         "elastic/recovery/bytes_moved": float(moved), "elastic/recovery/source": SOURCES[source],
@@ -332,8 +335,6 @@ class Recovery:
         runtime.enter_world(layout, engines)
         runtime.sync_weights()
         self.loop.restore(run)
-        if run.tracker is not None:  # a snapshot still being sent when the rank was lost: a logged step is redone
-            run.tracker.rewind(self.loop.step)
         holders = ", ".join(str(holder_of(r, old_world)) for r in lost)
         whence = (f"rebuilt its state from the replicas on rank {holders} and the survivors' own shards "
                   f"({moved / 2**20:,.2f} MiB moved)")

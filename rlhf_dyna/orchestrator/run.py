@@ -54,13 +54,26 @@ class Run:
         """vLLM's sampling seed of a step's rollouts, with global prompt indices: the same samples in every layout."""
         return self.cfg.trainer.seed * SAMPLE_SEED_STRIDE[0] + step * SAMPLE_SEED_STRIDE[1]
 
-    def open_tracker(self, console_keys: tuple[str, ...] = CONSOLE_KEYS) -> None:
-        """Rank 0's metric sinks: metrics.jsonl, wandb and the console (whose step lines show `console_keys`)."""
+    def open_tracker(self, console_keys: tuple[str, ...] = CONSOLE_KEYS, after_step: int | None = None) -> None:
+        """Rank 0's metric sinks: metrics.jsonl, wandb and the console (whose step lines show `console_keys`);
+        `after_step`: the run goes on after that step, and metrics.jsonl drops its rows of later ones."""
         if self.rank == 0:
             cfg = self.cfg
             run_config = OmegaConf.to_container(OmegaConf.structured(cfg))
             self.tracker = Tracker(self.out_dir, asdict(cfg.tracking), cfg.tracking.console, cfg.trainer.total_steps,
-                                   run_config, console_keys)
+                                   run_config, console_keys, after_step)
+
+    def rolled_back(self, step: int) -> bool:
+        """A recovery rolled the run back to the state after `step`: rank 0's sinks go on from the next step, its
+        tracker rewound, or opened here where rank 0 was lost (its successor writes the metrics from now on, as after
+        a leave; the rows the lost rank 0 wrote past `step` go). True where this rank opened them."""
+        if self.rank != 0:
+            return False
+        if self.tracker is not None:
+            self.tracker.rewind(step)
+            return False
+        self.open_tracker(after_step=step)
+        return True
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self.tracker is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ class Tracker:
     console: tracking.console, one of CONSOLE_MODES; all but "off" print a line per step (the launcher renders them).
     total_steps: the number of steps the run will make, for the step lines and their ETA.
     run_config: the resolved run config (plain dict), passed to wandb.init(config=...).
+    after_step: the run was rolled back to the state after this step (a recovery whose lost rank 0 wrote the rows so
+      far): metrics.jsonl's rows of later steps are dropped, and logging goes on from the next step.
     Steps must strictly increase across `log` calls: gather a step's metrics, then log once.
     """
 
@@ -51,15 +54,18 @@ class Tracker:
         total_steps: int,
         run_config: Mapping[str, Any] | None = None,
         console_keys: Sequence[str] = CONSOLE_KEYS,
+        after_step: int | None = None,
     ) -> None:
         _assert_rank_zero()
         if console not in CONSOLE_MODES:
             raise ValueError(f"console must be one of {CONSOLE_MODES}, got {console!r}")
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        if after_step is not None:
+            drop_rows_after(self.output_dir / METRICS_FILE, after_step)
         # Append so a resumed run keeps its earlier steps.
         self._jsonl = (self.output_dir / METRICS_FILE).open("a", encoding="utf-8")
-        self._last_step: int | None = None
+        self._last_step: int | None = after_step
         self._console = ConsoleSink(total_steps, console_keys) if console != "off" else None
         self._wandb_run = self._init_wandb(dict(wandb_cfg or {"wandb_mode": "disabled"}), run_config)
 
@@ -92,9 +98,13 @@ class Tracker:
 
     def rewind(self, step: int) -> None:
         """The run went back to the state after `step` (a recovery from a lost rank, orchestrator/recovery.py): the
-        steps after it are logged again, and metrics.jsonl keeps both rows of a step (the later one counts)."""
+        steps after it are logged again, and metrics.jsonl drops its rows of them, so that it holds each step once
+        (a wandb run keeps what it was sent; it takes no step twice)."""
         if self._last_step is not None:
             self._last_step = min(self._last_step, step)
+        self._jsonl.close()
+        drop_rows_after(self.output_dir / METRICS_FILE, step)
+        self._jsonl = (self.output_dir / METRICS_FILE).open("a", encoding="utf-8")
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Record `metrics` (numbers, 0-dim tensors) for `step`; values are converted to float."""
@@ -134,3 +144,27 @@ class Tracker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def drop_rows_after(path: Path, step: int) -> int:
+    """metrics.jsonl rewritten (atomically) without its rows of steps after `step`, and without a last line that a
+    killed writer cut short; how many lines went. Lines that are no metrics row stay."""
+    if not path.exists():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        if not line.endswith("\n"):  # only the last line can lack it: its writer died inside the write
+            continue
+        try:
+            row_step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            row_step = None
+        if not isinstance(row_step, int) or row_step <= step:
+            kept.append(line)
+    if len(kept) == len(lines):
+        return 0
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
+    return len(lines) - len(kept)

@@ -5,10 +5,11 @@ stops the run cleanly; a rank killed inside a weight sync is survived from the r
 (elastic/faults.kill_point, RLHF_DYNA_KILL_AT).
 
 Ranks 1 and 2 killed at once during step 4 (checkpoints every 2 steps): with elastic.replicas=1 rank 1's replica was
-on rank 2, lost too; with elastic.replicas=0 and elastic.recover_from_checkpoint=true nothing holds them. Either way
-the two survivors load step 2's checkpoint into empty engines on their world, roll back to step 2 and finish with exit
-code 0, and steps 3-5 log the same losses, grad norms, rewards, lengths and eval (relative 1e-5) as `trainer.resume`
-of that checkpoint on 2 ranks (one reference run for both)."""
+on rank 2, lost too; with elastic.replicas=0 and elastic.recover_from_checkpoint=true nothing holds them; ranks 0 and
+1 with replicas (rank 0's replica was on rank 1): the old rank 2 leads as rank 0. Each way the two survivors load
+step 2's checkpoint into empty engines on their world, roll back to step 2 and finish with exit code 0, and steps 3-5
+log the same losses, grad norms, rewards, lengths and eval (relative 1e-5) as `trainer.resume` of that checkpoint on 2
+ranks (one reference run for all three)."""
 from __future__ import annotations
 
 import re
@@ -21,7 +22,7 @@ from rlhf_dyna.launch.shm import SHM_DIR
 from rlhf_dyna.orchestrator.checkpoint_dirs import scan
 from tests.app.app_runs import read_metrics
 from tests.app.elastic.live_runs import start
-from tests.app.elastic.test_replica_recovery import REPLICA_DUTY, last_per_step, run_and_kill
+from tests.app.elastic.test_replica_recovery import REPLICA_DUTY, run_and_kill
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
 
@@ -35,21 +36,30 @@ REFERENCE: dict[str, list[dict]] = {}  # trainer.resume of step 2's checkpoint o
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("mode", MODES)
-def test_ranks_lost_with_no_replica_of_their_state_are_survived_from_the_checkpoint(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize("mode, ranks", [("replicas", (1, 2)), ("no_replicas", (1, 2)), ("replicas", (0, 1))],
+                         ids=["replicas", "no_replicas", "replicas_rank_0"])
+def test_ranks_lost_with_no_replica_of_their_state_are_survived_from_the_checkpoint(tmp_path: Path, mode: str,
+                                                                                    ranks: tuple[int, int]) -> None:
+    """Ranks 0 and 1 (rank 0's replica was on rank 1): the old rank 2 is rank 0 of the new world, names the checkpoint
+    and writes the metrics from then on; the step-3 row the lost rank 0 wrote goes."""
     extra, duty = MODES[mode]
     run_dir = tmp_path / "killed"
-    done, _ = run_and_kill(run_dir, (1, 2), EVERY + 1, 0.3, *ARGS, *extra, checkpoint=EVERY, duty=duty)
+    done, _ = run_and_kill(run_dir, ranks, EVERY + 1, 0.3, *ARGS, *extra, checkpoint=EVERY, duty=duty)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert not marked_processes(str(run_dir))
-    assert "rank 1, 2 of 4 lost" in done.stderr and "from the newest complete checkpoint" in done.stderr
-    rows = last_per_step(read_metrics(run_dir))
+    assert f"rank {ranks[0]}, {ranks[1]} of 4 lost" in done.stderr, done.stderr[-3000:]
+    assert "from the newest complete checkpoint" in done.stderr
+    rows = read_metrics(run_dir)  # each step once: the step-3 row logged before the kill went with the rollback
     assert [r["step"] for r in rows] == list(range(STEPS + 1))
     after = rows[EVERY + 1:]
     assert [r.get("elastic/world_size") for r in after] == [2.0] * len(after)
     assert after[0]["elastic/recovery/source"] == 2.0 and after[0]["elastic/recovery/steps_lost"] == 2.0
-    log = (run_dir / "logs" / "rank0.log").read_text()
+    first = min(set(range(4)) - set(ranks))  # its launch rank: rank 0 of the new world
+    log = (run_dir / "logs" / f"rank{first}.log").read_text()
     assert f"loaded {run_dir / 'checkpoints' / f'step_{EVERY}'} in place, rolled back to step {EVERY}" in log, log[-3000:]
+    if 0 in ranks:
+        assert f"rank {first} is rank 0 now and writes the run's metrics" in log, log[-3000:]
+        assert f"step {STEPS}/{STEPS} |" in done.stdout, done.stdout[-3000:]
 
     if "rows" not in REFERENCE:
         reference_dir = tmp_path / "resumed"
@@ -101,7 +111,7 @@ def test_a_rank_killed_inside_a_weight_sync_is_survived_from_the_replicas(tmp_pa
     assert "weight_sync/step_3 of launched rank 2" in killed_line(run_dir, 2)
     assert not marked_processes(str(run_dir))
     assert "rank 2 of 4 lost" in err
-    rows = last_per_step(read_metrics(run_dir))
+    rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(5))
     assert rows[3]["elastic/recovery/source"] == 1.0 and rows[3]["elastic/recovery/steps_lost"] == 1.0
     assert [r.get("elastic/world_size") for r in rows[3:]] == [3.0, 3.0]

@@ -119,6 +119,23 @@ def test_the_store_outlives_rank_0_and_the_console_follows_its_successor(tmp_pat
 
 @pytest.mark.timeout(60)
 @START
+def test_a_recovered_loss_of_rank_0_moves_the_console_to_its_successor(tmp_path: Path,
+                                                                        capfd: pytest.CaptureFixture[str], entry: str,
+                                                                        preload: tuple[str, ...]) -> None:
+    """With lost ranks recovered (replicas), rank 0's SIGKILL does not stop the run: the launcher announces it on the
+    job's store, the console shows the first survivor's lines from then on, and the run ends with exit code 0."""
+    code = spawn_ranks(2, entry, ["rank0_lost", str(tmp_path)], tmp_path / "run", preload=preload,
+                       env={"PYTHONPATH": str(REPO_ROOT)}, console="plain", replicas=True)
+    captured = capfd.readouterr()
+    assert code == 0, captured.out + captured.err
+    assert "rank 0 of 2 lost (process 0); the survivors rebuild its state from the replicas" in captured.err
+    assert "rlhf_dyna: rank 0 speaks before rank 0 is lost" in captured.out
+    assert "rank 1 speaks before" not in captured.out, "rank 1's lines reach the console once it is rank 0"
+    assert "rlhf_dyna: rank 1 speaks after rank 0 was lost; announced [0]" in captured.out, captured.out
+
+
+@pytest.mark.timeout(60)
+@START
 @pytest.mark.parametrize("sig, expected", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_to_launcher_stops_all(tmp_path: Path, sig: signal.Signals, expected: int, entry: str,
                                       preload: tuple[str, ...]) -> None:

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import torch.distributed as dist
 from rlhf_dyna.elastic.join_world import job_client_store
 from rlhf_dyna.errors import ConfigError
 from rlhf_dyna.launch import SHM_DIR, init_distributed, record_failure, shutdown_distributed, under_torchrun
+from rlhf_dyna.launch.lost_ranks import lost_key
 
 CRASH_TEXT = "rank one blew up on purpose (launch test)"
 CONFIG_ERROR_TEXT = "reward 'x:y' raised on purpose (launch test); its traceback would follow"
@@ -118,6 +121,22 @@ def rank0_leaves(out_dir: Path) -> None:
           flush=True)
 
 
+def rank0_lost(out_dir: Path) -> None:
+    """Rank 0 kills itself (SIGKILL) while rank 1 goes on: a launcher that recovers lost ranks announces the loss on
+    the job's store instead of stopping the run, and rank 1, rank 0 of the next world, prints a line of rlhf_dyna's
+    own once it reads the announcement."""
+    info = init_distributed()
+    print(f"rlhf_dyna: rank {info.rank} speaks before rank 0 is lost", flush=True)
+    dist.barrier()
+    shutdown_distributed()
+    if info.rank == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    store = job_client_store()
+    store.wait([lost_key(1)], timedelta(seconds=30))
+    print(f"rlhf_dyna: rank 1 speaks after rank 0 was lost; announced {json.loads(store.get(lost_key(1)))['lost']}",
+          flush=True)
+
+
 def kill_self(out_dir: Path) -> None:
     print("printed before the kill", flush=True)
     os.kill(os.getpid(), 9)
@@ -126,5 +145,6 @@ def kill_self(out_dir: Path) -> None:
 if __name__ == "__main__":
     mode, out = sys.argv[1:]
     modes = {"all_reduce": all_reduce, "crash": crash, "config_error": config_error, "hang": hang, "exit_3": exit_3,
-             "exit_text": exit_text, "kill_self": kill_self, "cuda_state": cuda_state, "rank0_leaves": rank0_leaves}
+             "exit_text": exit_text, "kill_self": kill_self, "cuda_state": cuda_state, "rank0_leaves": rank0_leaves,
+             "rank0_lost": rank0_lost}
     modes[mode](Path(out))

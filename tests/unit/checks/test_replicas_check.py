@@ -38,7 +38,8 @@ def test_a_colocated_dp_or_tp_run_may_keep_replicas():
     (dict(rollout__tp=2), "rollout.tp=2"),
     (dict(model__dtype="bfloat16"), "model.dtype=bfloat16"),
     (dict(elastic__events=["leave:1@2"]), "elastic.events or elastic.leave_on_sigterm"),
-    (dict(task__prompts_per_step=8), "the survivors of a lost rank could not go on: rank 1 leaves (4 -> 3 ranks): "
+    # rank 0 first: its loss is recovered as any other's, so the batch must split over its survivors too
+    (dict(task__prompts_per_step=8), "the survivors of a lost rank could not go on: rank 0 leaves (4 -> 3 ranks): "
                                      "the actor would train with dp=3"),
 ])
 def test_what_recovery_cannot_take_is_refused_naming_the_value(changes, named):

@@ -1,6 +1,7 @@
 """The launcher's decision on lost ranks (launch/lost_ranks.py), with a dict for the job's store: which losses the
-survivors recover from, the announcement they read, the ranks renumbered after it, and the clean stops that name the
-lost ranks and pieces, and the fallback to a complete checkpoint on disk (the app test, tests/app/elastic/test_replica_recovery.py, kills real ranks)."""
+survivors recover from (rank 0's as any other's), the announcement they read, the ranks renumbered after it, the clean
+stops that name the lost ranks and pieces, and the fallback to a complete checkpoint on disk (the app test,
+tests/app/elastic/test_replica_recovery.py, kills real ranks)."""
 from __future__ import annotations
 
 import json
@@ -41,15 +42,29 @@ def test_one_lost_rank_is_announced_and_the_survivors_renumbered():
     assert why is None and verdict["lost"] == [2] and verdict["world_size"] == 3
 
 
-def test_ranks_lost_with_their_replica_holders_or_rank_0_stop_the_run_naming_them():
+def test_ranks_lost_with_their_replica_holders_stop_the_run_naming_them():
     watch = LossWatch(4)
     _, why = watch.decide([1, 2], True)
     assert "rank 1 (process 1), rank 2 (process 2) of 4 lost at once: rank 1's shard of every training role's " \
            "state (its replica was on rank 2, lost too)" in why
-    _, why = watch.decide([3, 0], True)
-    assert "rank 0 writes the run's metrics and leads the recovery" in why
+    _, why = watch.decide([3, 0], True)  # the ring closes: rank 3's replica is on rank 0
+    assert "rank 0 (process 0), rank 3 (process 3) of 4 lost at once: rank 3's shard of every training role's " \
+           "state (its replica was on rank 0, lost too)" in why
     verdict, why = watch.decide([1, 3], True)  # not adjacent: ranks 2 and 0 hold their replicas
     assert why is None and verdict["lost"] == [1, 3]
+
+
+def test_rank_0_lost_is_announced_and_its_successor_is_rank_0_of_the_next_world():
+    """The launcher serves the job's store, so rank 0's loss is recovered as any other: rank 1 holds its replica."""
+    handler, store = LossHandler(4, port=0), DictStore()
+    handler.store, watch = store, handler.watch
+    assert handler.on_deaths([0], died_at=3.0) is None
+    assert json.loads(store.data[lost_key(1)]) == {"lost": [0], "world_size": 4, "processes": [0],
+                                                   "source": "replicas", "died_at": 3.0}
+    assert watch.members == [1, 2, 3] and handler.lost_processes == {0}
+    store.set(recovered_key(1), "1")
+    verdict, why = watch.decide([1], True)  # process 1 is rank 0 of the new world, and its loss is recovered too
+    assert why is None and verdict["lost"] == [0] and verdict["world_size"] == 3 and verdict["processes"] == [1]
 
 
 def checkpoint(checkpoints: Path, name: str, complete: bool) -> None:

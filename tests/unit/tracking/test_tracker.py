@@ -34,6 +34,33 @@ def test_jsonl_appends_on_resume(tmp_path):
     assert [line["step"] for line in _lines(tmp_path)] == [1, 2]
 
 
+def test_a_rewind_drops_the_rows_of_the_steps_to_be_logged_again(tmp_path):
+    """A recovery rolled the run back to step 2 (orchestrator/recovery.py): steps 3-4 are redone, each logged once."""
+    with Tracker(tmp_path, DISABLED, console="off", total_steps=5) as tracker:
+        for step in range(5):
+            tracker.log(step, {"a": float(step)})
+        tracker.rewind(2)
+        with pytest.raises(ValueError, match="steps must increase"):
+            tracker.log(2, {"a": 20.0})
+        tracker.log(3, {"a": 30.0})
+        tracker.log(4, {"a": 40.0})
+    assert [(line["step"], line["a"]) for line in _lines(tmp_path)] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 30.0),
+                                                                        (4, 40.0)]
+
+
+def test_a_tracker_that_takes_over_after_a_rollback_drops_the_later_rows_and_a_cut_line(tmp_path):
+    """Rank 0 lost during step 4 after logging steps 0-3 (the last row cut short by the kill), the run rolled back to
+    step 2: its successor's tracker drops the rows of steps 3 and after, and the step lines go on from step 3."""
+    rows = "".join(json.dumps({"step": s, "a": float(s)}) + "\n" for s in range(4)) + '{"step": 4, "a'
+    (tmp_path / METRICS_FILE).write_text(rows)
+    with Tracker(tmp_path, DISABLED, console="off", total_steps=5, after_step=2) as tracker:
+        with pytest.raises(ValueError, match="steps must increase"):
+            tracker.log(2, {"a": 20.0})
+        tracker.log(3, {"a": 30.0})
+    assert [(line["step"], line["a"]) for line in _lines(tmp_path)] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 30.0)]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
 def test_steps_must_increase_and_step_key_reserved(tmp_path):
     with Tracker(tmp_path, DISABLED, console="off", total_steps=3) as tracker:
         tracker.log(2, {"a": 1.0})
