@@ -63,7 +63,9 @@ def test_lend_and_split_log_what_colocate_logs(tmp_path):
         assert 0 < row["placement/change_share"] < 1
     first = lend[1]
     assert first["placement/build_seconds"] > 0
-    assert first["placement/wait_seconds"] <= 0.1 * first["placement/build_seconds"], "the groups were not built ahead"
+    # 10% of the build, or 10 ms: the whole suite once saw a 4.6 ms wait on a 19.5 ms build (scheduling on 2 cores)
+    assert first["placement/wait_seconds"] <= max(0.1 * first["placement/build_seconds"], 0.01), \
+        "the groups were not built ahead"
     assert not any(k.startswith("reshard/actor/") for r in colocate for k in r), "colocate moved a role"
     assert (tmp_path / "lend" / "timeline.png").stat().st_size > 0
 
