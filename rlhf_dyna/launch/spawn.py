@@ -56,7 +56,7 @@ def group_members(pgids: set[int]) -> list[int]:
     return [pid for pid, pgid, state in _process_table() if pgid in pgids and state != "Z"]
 
 
-def _mapped_shm(pids: list[int]) -> set[Path]:
+def mapped_shm(pids: list[int]) -> set[Path]:
     """/dev/shm files the given processes have mapped (vLLM's psm_* message queues among them)."""
     found = set()
     for pid in pids:
@@ -281,7 +281,7 @@ def spawn_ranks(
             elif rank == shown[0]:  # rank 0 left the job (or the run ended): its successor is the first still running
                 shown[0] = _first_running(procs, rank)
 
-        stale = _mapped_shm(group_members({p.pid for p in procs}))
+        stale = mapped_shm(group_members({p.pid for p in procs}))
         _stop_groups(procs, grace_s)
         for pump_thread in pumps:
             pump_thread.join(timeout=grace_s)

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from rlhf_dyna.launch.shm import SHM_DIR
+from rlhf_dyna.launch.spawn import mapped_shm
 from rlhf_dyna.orchestrator.checkpoint_dirs import scan
 from tests.app.app_runs import AppProcess, read_metrics
 from tests.app.elastic.live_runs import signal_rank, start, wait_for
@@ -192,19 +193,6 @@ def redone(run_dir: Path, step: int) -> bool:
     return False
 
 
-def shm_mapped(pids: list[int]) -> set[Path]:
-    """The /dev/shm files these processes have mapped (vLLM's and torch's segments among them)."""
-    found = set()
-    for pid in pids:
-        try:
-            maps = Path(f"/proc/{pid}/maps").read_text()
-        except OSError:
-            continue
-        found |= {Path(f[5]) for f in (line.split(maxsplit=5) for line in maps.splitlines())
-                  if len(f) == 6 and f[5].startswith(f"{SHM_DIR}/") and not f[5].endswith(" (deleted)")}
-    return found
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("every", [1, 2], ids=["snapshot_every_1", "snapshot_every_2"])
 def test_rank_0_killed_during_a_step_is_survived_and_its_successor_writes_the_metrics(tmp_path: Path,
@@ -220,7 +208,7 @@ def test_rank_0_killed_during_a_step_is_survived_and_its_successor_writes_the_me
             *extra]
 
     def before_kill() -> None:  # what the run has mapped and logged when rank 0 dies
-        seen["shm"] = shm_mapped(marked_processes(str(run_dir)))
+        seen["shm"] = mapped_shm(marked_processes(str(run_dir)))
         seen["rows"] = read_metrics(run_dir)
         seen["killed"] = time.monotonic()
 
