@@ -13,6 +13,12 @@ SHM_DIR = Path("/dev/shm")
 _VLLM_CPU_COMM = "vllm.distributed.device_communicators.cpu_communicator"
 
 
+def run_ident() -> str:
+    """The run's name for its /dev/shm segments: VLLM_DIST_IDENT as the launcher set it, else the (host-unique) master
+    port; the launcher removes `<ident>-*` when the run ends."""
+    return os.environ.get("VLLM_DIST_IDENT") or f"rlhfdyna-{os.environ.get('MASTER_PORT', os.getpid())}"
+
+
 def run_segments(run_ident: str) -> list[Path]:
     """The run's vLLM CPU segments: `<ident>-<group>-[<ranks>]-cpushm_<rank>` (see pin_vllm_shm_ident)."""
     if not SHM_DIR.is_dir():

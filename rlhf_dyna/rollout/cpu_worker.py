@@ -17,15 +17,11 @@ once before it forks the ranks (rlhf_dyna.job.RANK_PRELOAD), which inherit the s
 """
 from __future__ import annotations
 
-import os
 
 from vllm.v1.sample import sampler
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-
-def shm_ident() -> str:
-    """Per-run name: VLLM_DIST_IDENT if the launcher set one, else the run's (host-unique) master port."""
-    return os.environ.get("VLLM_DIST_IDENT") or f"rlhfdyna-{os.environ.get('MASTER_PORT', os.getpid())}"
+from rlhf_dyna.launch.shm import run_ident
 
 
 def eager_logprob_ranks() -> None:
@@ -58,5 +54,5 @@ class EagerSamplerCPUWorker(CPUWorker):
 
 class ShmIdentCPUWorker(EagerSamplerCPUWorker):
     def init_device(self) -> None:
-        self.distributed_init_method = f"env://:{shm_ident()}"
+        self.distributed_init_method = f"env://:{run_ident()}"
         super().init_device()

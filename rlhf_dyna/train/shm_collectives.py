@@ -22,7 +22,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
-SHM_DIR = Path("/dev/shm")
+from rlhf_dyna.launch.shm import SHM_DIR, run_ident
+
 WINDOW_ALIGN = 1 << 20
 _enabled = True  # a rank sets it from parallel.shm_collectives (use_shm_collectives)
 
@@ -31,11 +32,6 @@ def use_shm_collectives(enabled: bool) -> None:
     """This process's FSDP units on the CPU use shared-memory collectives where their group is on one host."""
     global _enabled
     _enabled = enabled
-
-
-def run_ident() -> str:
-    """The run's name for /dev/shm segments (the launcher removes `<ident>-*` when the run ends)."""
-    return os.environ.get("VLLM_DIST_IDENT") or f"rlhfdyna-{os.environ.get('MASTER_PORT', os.getpid())}"
 
 
 def _map(path: Path, nbytes: int, create: bool) -> Tensor:

@@ -15,7 +15,8 @@ from rlhf_dyna.parallel_layout import ParallelLayout
 from rlhf_dyna.train import shm_collectives
 from rlhf_dyna.train.engine import TrainEngine, full_state_dict
 from rlhf_dyna.train.mesh import build_mesh
-from rlhf_dyna.train.shm_collectives import SHM_DIR, ShmAllGather, ShmComm, ShmReduceScatter, run_ident
+from rlhf_dyna.launch.shm import SHM_DIR, run_ident
+from rlhf_dyna.train.shm_collectives import ShmAllGather, ShmComm, ShmReduceScatter
 from tests.multirank import run_ranks
 from tests.ranks.tiny_models import nll_loss, random_batch, tiny_spec
 
