@@ -12,7 +12,7 @@ from ..orchestrator.placements import scores_with_reward_model
 from ..errors import ConfigError
 
 LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM), and join@S and join:N@S, under "
-        "placement=colocate with a training layout of dp and tp (parallel.train pp, cp, ep = 1), no parallel.schedule, "
+        "placement=colocate with a training layout of dp, tp and pp (parallel.train cp, ep = 1), no parallel.schedule, "
         "no reward model, no trainer.resume, rollout.tp "
         "consecutive ranks (or a multiple) leaving at a time, and rollout.tp=1 for joins, launched by python -m "
         "rlhf_dyna (not torchrun: its launcher starts the joining processes)")
@@ -24,8 +24,8 @@ def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torch
     t, problems = cfg.parallel.train, []
     if cfg.placement.policy != "colocate" or cfg.placement.rebalance:
         problems.append(f"placement={cfg.placement.policy}{' with rebalance' if cfg.placement.rebalance else ''}")
-    inner = {name: getattr(t, name) for name in ("pp", "cp", "ep") if getattr(t, name) != 1}
-    problems += [f"parallel.train.{name}={value}" for name, value in inner.items()]
+    # expert parallel: its MoE rollout on the CPU needs one vLLM TP group over every rank, which no change keeps
+    problems += [f"parallel.train.{name}={getattr(t, name)}" for name in ("cp", "ep") if getattr(t, name) != 1]
     if cfg.parallel.schedule:
         problems.append("parallel.schedule")
     if scores_with_reward_model(cfg) or cfg.algorithm.name == "reward_model":

@@ -10,7 +10,8 @@ metrics, and logs the same per-step losses, grad norms, rewards and eval as a ru
 vLLM engine, and the joiner's loop state (prompt sampler, KL controller) came from rank 0. The bytes the join moved
 equal an independent count: element by element, what each rank of the new world needs and did not hold
 (tests/unit/elastic/test_membership_bytes.py's count, on the run's own model). With dp2 x tp2 training, two ranks leave
-and two joiners enter at one boundary (`join:2@6`), and the metrics match those of the dp2 x tp2 run without events.
+and two joiners enter at one boundary (`join:2@6`), and the metrics match those of the dp2 x tp2 run without events;
+with pp2 x dp2 training the survivors train dp3 (pp 1) and the join returns to pp2 x dp2, matching the pp2 x dp2 run.
 """
 from __future__ import annotations
 
@@ -114,3 +115,22 @@ def test_ppo_the_critic_spreads_over_the_joiner_too(tmp_path: Path) -> None:
     assert {"critic/vf_loss", "critic/grad_norm"} <= rows[7].keys()
     assert rows[4]["elastic/leave/rounds"] >= 3 and rows[7]["elastic/join/rounds"] >= 3  # actor, critic, reference
     assert_same_metrics(fixed, rows)
+
+
+@pytest.mark.timeout(1200)
+def test_pipeline_parallel_training_drops_pp_at_a_leave_and_takes_it_back_at_a_join(tmp_path: Path) -> None:
+    """pp2 x dp2 training: 3 ranks take no pp but 1 (dp3), the join returns to pp2 x dp2, the joiner building its
+    pipeline stage from the broadcast settings; the same metrics as the pp2 x dp2 run without events (against the dp4
+    run, the pipeline's 4-row micro-batches alone drift to 2.5e-5 by step 8)."""
+    # 1F1B needs a micro-batch per stage: 4 rows (the sft batch gives 8 per dp rank)
+    pp2 = [*[a.replace("micro_batch_size=16", "micro_batch_size=4") for a in ARGS], "parallel.train.pp=2"]
+    try:
+        fixed_pp2 = run(tmp_path / "fixed", *pp2)
+    finally:
+        kill_marked(tmp_path / "fixed")
+    run_dir = tmp_path / "pp2"
+    rows = joined(run_dir, *pp2)
+    assert_same_metrics(fixed_pp2, rows)
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert "(4 -> 3 ranks); moved" in log and "training layout dp3xtp1-zero3" in log
+    assert "training layout pp2xdp2xtp1-zero3" in log

@@ -57,10 +57,12 @@ def test_what_does_not_run_live_is_refused_naming_it(events, changes, named):
     assert named in message and LIVE in message and "a live run cannot execute this yet" in message
 
 
-def test_a_pipeline_layout_is_refused_live_and_planned_by_the_dry_run():
-    cfg = config(["leave:3@2"])
+def test_a_pipeline_layout_changes_live_and_an_expert_parallel_one_is_refused_but_planned_by_the_dry_run():
+    cfg = config(["leave:3@2", "join@3"])
     cfg.parallel.train.pp = 2
-    with pytest.raises(ConfigError, match="parallel.train.pp=2"):
+    check_elastic(cfg)
+    cfg.parallel.train.ep = 2
+    with pytest.raises(ConfigError, match="parallel.train.ep=2"):
         check_elastic(cfg)
     cfg.dry_run = True
     check_elastic(cfg)
