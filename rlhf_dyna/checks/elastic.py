@@ -13,7 +13,7 @@ from ..errors import ConfigError
 
 LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM), and join@S and join:N@S, under "
         "placement=colocate with a training layout of dp and tp (parallel.train pp, cp, ep = 1), no parallel.schedule, "
-        "no reward model, rollout.tp "
+        "a reward model (task.reward naming rm) only without reward_model.offload, no algorithm=reward_model, rollout.tp "
         "consecutive ranks (or a multiple) leaving at a time, and rollout.tp=1 for joins, launched by python -m "
         "rlhf_dyna (not torchrun: its launcher starts the joining processes)")
 
@@ -28,8 +28,10 @@ def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torch
     problems += [f"parallel.train.{name}={value}" for name, value in inner.items()]
     if cfg.parallel.schedule:
         problems.append("parallel.schedule")
-    if scores_with_reward_model(cfg) or cfg.algorithm.name == "reward_model":
-        problems.append("a reward model" if cfg.algorithm.name != "reward_model" else "algorithm=reward_model")
+    if cfg.algorithm.name == "reward_model":
+        problems.append("algorithm=reward_model")
+    if scores_with_reward_model(cfg) and cfg.reward_model.offload:  # its shards wait in host memory at a boundary
+        problems.append("reward_model.offload=true")
     joins = [event.text for event, _ in worlds if event.joining]
     if joins and cfg.rollout.tp != 1:
         problems.append(f"{', '.join(joins)} with rollout.tp={cfg.rollout.tp} (a joiner's vLLM engine starts as a "

@@ -104,3 +104,15 @@ def test_a_resumed_run_takes_the_events_after_its_step_and_refuses_earlier_ones(
         "event's step is the run's global step, so leave:3@2, leave:0@4 (at or before step 4) would never happen. "
         "Drop them (elastic.events=[join@6]), and to resume in the world they left, set parallel.world_size=2; a "
         "resumed run's events come after its step: S in 5..7.")
+
+
+def test_a_reward_model_moves_live_unless_it_waits_in_host_memory():
+    """task.reward naming rm: the reward model's shards move with the other roles at a leave and a join; offloaded,
+    they wait in host memory at the boundary, which a live change does not move: refused."""
+    cfg = config(["leave:3@2", "join@3"], task__name="file", task__reward=["rm", "exact"])
+    check_elastic(cfg)
+    cfg.reward_model.offload = True
+    with pytest.raises(ConfigError, match="a live run cannot execute this yet: reward_model.offload=true"):
+        check_elastic(cfg)
+    with pytest.raises(ConfigError, match="algorithm=reward_model"):
+        check_elastic(config(["leave:3@2"], algorithm__name="reward_model"))
