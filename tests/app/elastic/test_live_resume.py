@@ -2,8 +2,8 @@
 An event's step is the run's global step, and the resumed run starts with parallel.world_size ranks.
 
 The session's 4-rank run (tests/app/conftest.py: grpo4_colocate_run, a checkpoint every 2 steps) resumed from its step-2
-checkpoint on 4 ranks with `leave:3@3` runs steps 3-6, 4 -> 3 ranks after step 3, ends with exit code 0 and no process
-left, and logs the same losses, grad norms, rewards, lengths and eval (relative 1e-5) as that run, which logs what a
+checkpoint on 4 ranks with `leave:3@3,join@4` runs steps 3-6, 4 -> 3 ranks after step 3 and 3 -> 4 after step 4 (the
+joiner started by the resumed run's launcher), ends with exit code 0 and no process left, and logs the same losses, grad norms, rewards, lengths and eval (relative 1e-5) as that run, which logs what a
 resume without events logs (tests/app/runs/test_checkpoint_resume.py): nothing changes but the world. An event at or
 before the resumed step is refused before spawn, naming it and the world it would have left.
 """
@@ -22,18 +22,19 @@ ARGS = [a for a in GRPO4 if not a.startswith("trainer.total_steps=")] + [f"train
 
 
 @pytest.mark.timeout(900)
-def test_a_resumed_run_leaves_after_its_global_step_and_changes_nothing_but_the_world(grpo4_colocate_run,
+def test_a_resumed_run_changes_its_world_after_its_global_steps_and_nothing_else(grpo4_colocate_run,
                                                                                       tmp_path: Path) -> None:
     fixed_dir, fixed = grpo4_colocate_run
     run_dir = tmp_path / "resumed"
     try:
-        rows = run(run_dir, *ARGS, f"trainer.resume={fixed_dir / 'checkpoints' / 'step_2'}", "elastic.events=[leave:3@3]")
+        rows = run(run_dir, *ARGS, f"trainer.resume={fixed_dir / 'checkpoints' / 'step_2'}", "elastic.events=[leave:3@3,join@4]")
     finally:
         kill_marked(run_dir)
     assert not marked_processes(str(run_dir))
     assert [r["step"] for r in rows] == [3, 4, 5, 6]
-    assert [r["elastic/world_size"] for r in rows] == [4.0, 3.0, 3.0, 3.0]
+    assert [r["elastic/world_size"] for r in rows] == [4.0, 3.0, 4.0, 4.0]
     assert rows[1]["elastic/leave/bytes_moved"] > 0 and rows[1]["elastic/leave/background"] == 1.0
+    assert rows[2]["elastic/join/bytes_moved"] > 0 and rows[2]["elastic/join/background"] == 1.0
     assert any(abs(r["actor/pg_loss"]) > 1e-3 for r in rows), "no learning signal: equality would be vacuous"
     assert_same_metrics(fixed[3:STEPS + 1], rows)
     assert "rank 3 left the job after sending its state" in (run_dir / "logs" / "rank3.log").read_text()
