@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import launch
 from .checks import ConfigError, check_config
-from .checks.elastic import join_refusal
+from .checks.elastic import check_events_after_resume, join_refusal
 from .checks.micro_batches import resolve_share_prompts
 from .checks.resources import wants_cuda
 from .config import RESOLVED_CONFIG, load_config, to_config
@@ -18,7 +18,7 @@ from .elastic.events import joiner_slots, parse_events
 from .elastic.replicas import recovers_from_checkpoint
 from .models.checkpoint_fields import resolve_model
 from .launch.join_file import running_job
-from .orchestrator.checkpoint_dirs import CheckpointError, resolve_trainer_resume
+from .orchestrator.checkpoint_dirs import CheckpointError, read_marker, resolve_trainer_resume
 
 # vLLM logs every engine detail at INFO; wandb advertises its products: keep the per-step lines readable.
 QUIET_ENV = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
@@ -63,7 +63,10 @@ def run_job(dcfg: DictConfig) -> int:
 
             run_dry_run(cfg, out_dir)
             return 0
-        cfg.trainer.resume = resolve_trainer_resume(cfg.trainer, out_dir)  # a bad one fails here, not in the ranks
+        asked, cfg.trainer.resume = cfg.trainer.resume, resolve_trainer_resume(cfg.trainer, out_dir)  # a bad one fails here
+        if cfg.trainer.resume is not None and cfg.elastic.events:
+            marker = read_marker(Path(cfg.trainer.resume))
+            check_events_after_resume(cfg, asked, cfg.trainer.resume, marker["step"], marker["world_size"])
         joiners = len(joiner_slots(parse_events(list(cfg.elastic.events), cfg.trainer.total_steps)))
         if cfg.elastic.accept_joins is None:  # auto: where the run can take a join live
             cfg.elastic.accept_joins = join_refusal(cfg, torchrun) is None

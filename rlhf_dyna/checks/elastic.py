@@ -4,7 +4,7 @@ does not run live yet is refused, naming what does."""
 from __future__ import annotations
 
 from ..config import Config
-from ..elastic.events import Event, EventError
+from ..elastic.events import Event, EventError, parse_events
 from ..elastic.membership import NewWorld, live_refusal
 from ..launch.host import store_host_rank
 from ..orchestrator.membership import membership_worlds
@@ -13,7 +13,7 @@ from ..errors import ConfigError
 
 LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM), and join@S and join:N@S, under "
         "placement=colocate with a training layout of dp, tp and pp (parallel.train cp, ep = 1), no parallel.schedule, "
-        "no reward model, no trainer.resume, rollout.tp "
+        "a reward model (task.reward naming rm) only without reward_model.offload, no algorithm=reward_model, rollout.tp "
         "consecutive ranks (or a multiple) leaving at a time, and rollout.tp=1 for joins, launched by python -m "
         "rlhf_dyna (not torchrun: its launcher starts the joining processes)")
 
@@ -28,10 +28,10 @@ def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torch
     problems += [f"parallel.train.{name}={getattr(t, name)}" for name in ("cp", "ep") if getattr(t, name) != 1]
     if cfg.parallel.schedule:
         problems.append("parallel.schedule")
-    if scores_with_reward_model(cfg) or cfg.algorithm.name == "reward_model":
-        problems.append("a reward model" if cfg.algorithm.name != "reward_model" else "algorithm=reward_model")
-    if cfg.trainer.resume:
-        problems.append(f"trainer.resume={cfg.trainer.resume}")
+    if cfg.algorithm.name == "reward_model":
+        problems.append("algorithm=reward_model")
+    if scores_with_reward_model(cfg) and cfg.reward_model.offload:  # its shards wait in host memory at a boundary
+        problems.append("reward_model.offload=true")
     joins = [event.text for event, _ in worlds if event.joining]
     if joins and cfg.rollout.tp != 1:
         problems.append(f"{', '.join(joins)} with rollout.tp={cfg.rollout.tp} (a joiner's vLLM engine starts as a "
@@ -72,3 +72,23 @@ def check_elastic(cfg: Config, under_torchrun: bool = False) -> None:
         dry = ", or add dry_run=true to plan and predict what each change moves and costs" if e.events else ""
         raise ConfigError(f"{' with '.join(asked)}: a live run cannot execute this yet: {'; '.join(problems)}. For now "
                           f"{LIVE}. Change those settings{dry}.")
+
+
+def check_events_after_resume(cfg: Config, asked: str, checkpoint: str, step: int, saved_world: int) -> None:
+    """trainer.resume (`asked`, resolved to `checkpoint` of `step`, saved on `saved_world` ranks) with elastic.events:
+    the resumed run starts after `step` with parallel.world_size ranks and an event's step is the run's global step,
+    so an event at or before `step` would never happen: refused, naming it and the world it would have left."""
+    events = parse_events(list(cfg.elastic.events), cfg.trainer.total_steps)
+    past = [e for e in events if e.step <= step]  # events are in step order: the past ones come first
+    if not past:
+        return
+    left = membership_worlds(cfg)[len(past) - 1][1].change.new_world_size
+    later = [e.text for e in events if e.step > step]
+    them, they = ("it", "it") if len(past) == 1 else ("them", "they")
+    raise ConfigError(
+        f"elastic.events={list(cfg.elastic.events)} with trainer.resume={asked}: the run resumes after step {step} "
+        f"(the checkpoint {checkpoint}, saved on {saved_world} ranks) with parallel.world_size="
+        f"{cfg.parallel.world_size} ranks, and an event's step is the run's global step, so "
+        f"{', '.join(e.text for e in past)} (at or before step {step}) would never happen. Drop {them} "
+        f"(elastic.events=[{','.join(later)}]), and to resume in the world {they} left, set parallel.world_size={left}; "
+        f"a resumed run's events come after its step: S in {step + 1}..{cfg.trainer.total_steps - 1}.")

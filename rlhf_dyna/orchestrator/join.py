@@ -39,7 +39,7 @@ from ..transition.bind_train import train_spec
 from ..transition.relayout import bind_train_state, empty_engine, meta_skeleton, optimizer_groups, settings_of
 from ..transition.role_move import move_role_state, role_catalog
 from ..vps.spec import ParallelSpec
-from .leave import engines_on
+from .leave import engines_on, role_layout
 from .live_world import Membership
 from .run import Run
 
@@ -107,7 +107,8 @@ def spread(runtime, h: Handover, staged: dict, skeletons: dict[str, Module], lay
     for move in h.new.moves:
         source, plan = staged.get(move.role), h.roles[move.role]
         skeleton = meta_skeleton(source.model) if source is not None else skeletons[move.role]
-        engines[move.role] = empty_engine(plan.settings, plan.groups, plan.buffers, layout, mesh, skeleton)
+        engines[move.role] = empty_engine(plan.settings, plan.groups, plan.buffers, role_layout(layout, move.role),
+                                          mesh, skeleton)
         stats = move_role_state(source, engines[move.role], plan.src, move.dst, role_catalog(engines[move.role]),
                                 recorder=runtime.recorder, trace_name=h.name)
         moved, rounds = moved + stats.bytes_moved, rounds + stats.rounds

@@ -23,6 +23,7 @@ import torch
 
 from ..config import Config
 from ..elastic.events import Event, joiner_slots
+from ..elastic.placement import REWARD_MODEL
 from ..elastic.join_world import (Admission, NotAdmitted, announce_ready, enter_private_world, job_client_store,
                                   joiner_name, request_name, wait_admission)
 from ..elastic.sigterm import LeaveOnSigterm
@@ -33,11 +34,13 @@ from ..launch.rank import use_device
 from ..launch.shm import clean_shm_segments, pin_vllm_shm_ident
 from ..models.build import ModelSpec, make_hf_config
 from ..models.meta_init import checkpoint_config, meta_critic, meta_policy
+from ..models.reward import meta_reward_model
 from .build import DTYPES
 from .join import enter_as_joiner
 from .live_world import Membership
 from .loop import run_steps
 from .next_world import prepare_next_world
+from .placements import scores_with_reward_model
 from .run import Run, make_run
 from .runtimes.colocate import ColocateRuntime
 from .world_changes import changes_before_step
@@ -110,13 +113,17 @@ def joiner_dist_info(cfg: Config, process: int, name: str, store, launched: bool
 
 def skeletons(cfg: Config, run: Run) -> dict:
     """The roles' models on the meta device (no memory), as the old world built them: the policy (actor, reference)
-    and PPO's value model, from the checkpoint's config or the random-init spec's."""
+    and PPO's value model, from the checkpoint's config or the random-init spec's (the reward model's where the critic
+    starts from it), and the reward model from its own."""
     config = make_hf_config(run.source) if isinstance(run.source, ModelSpec) else checkpoint_config(run.source)
     out = {"actor": meta_policy(config, DTYPES["fp32"])}
     if cfg.algorithm.kl_coef > 0:
         out["reference"] = meta_policy(config, DTYPES["fp32"])
     if cfg.algorithm.name == "ppo":
-        out["critic"] = meta_critic(config, DTYPES["fp32"])
+        critic_init = cfg.algorithm.critic_init == "reward_model"
+        out["critic"] = meta_critic(checkpoint_config(cfg.reward_model.path) if critic_init else config, DTYPES["fp32"])
+    if scores_with_reward_model(cfg):
+        out[REWARD_MODEL] = meta_reward_model(checkpoint_config(cfg.reward_model.path), DTYPES["fp32"])
     return out
 
 

@@ -19,10 +19,12 @@ from __future__ import annotations
 import atexit
 import threading
 import time
+from dataclasses import replace
 
 import torch.distributed as dist
 
 from ..elastic.membership import MembershipError, NewWorld, WorldChange, live_refusal, world_after
+from ..elastic.placement import REWARD_MODEL
 from ..elastic.world_prebuild import WorldBuild, configured_backend, record_world, world_metrics
 from ..elastic.world_switch import enter_new_world
 from ..launch.host import store_host_rank
@@ -78,6 +80,12 @@ def preplan_moves(runtime, new: NewWorld) -> None:
     threading.Thread(target=plan, name="rlhf_dyna-leave-plans", daemon=True).start()
 
 
+def role_layout(layout: ParallelLayout, role: str) -> ParallelLayout:
+    """A role's layout in a new world: the training layout's; the reward model's forward-only ZeRO-3 in any
+    (orchestrator/build.build_reward_engine)."""
+    return replace(layout, zero=3) if role == REWARD_MODEL else layout
+
+
 def send_state(runtime, new: NewWorld, layout: ParallelLayout, name: str) -> tuple[dict, int, int]:
     """Collective over the old world: every training role's state into engines on a mesh over the survivors (None on
     the leaving ranks); (role -> engine, bytes moved, rounds). The runtime's old engines are dropped."""
@@ -86,7 +94,8 @@ def send_state(runtime, new: NewWorld, layout: ParallelLayout, name: str) -> tup
     staged, moved, rounds = {}, 0, 0
     for move in new.moves:  # colocate: every rank holds every training role
         engine = getattr(runtime, move.role)
-        destination = empty_engine_like(engine, layout, mesh, meta_skeleton(engine.model)) if staying else None
+        destination = empty_engine_like(engine, role_layout(layout, move.role), mesh,
+                                        meta_skeleton(engine.model)) if staying else None
         stats = move_role_state(engine, destination, train_spec(bind_train_state(engine)), move.dst,
                                 role_catalog(engine), recorder=runtime.recorder, trace_name=name)
         moved, rounds = moved + stats.bytes_moved, rounds + stats.rounds
@@ -100,7 +109,7 @@ def engines_on(layout: ParallelLayout, staged: dict, mesh) -> dict:
     `mesh` of `layout`."""
     engines = {}
     for role, engine in staged.items():
-        engines[role] = empty_engine_like(engine, layout, mesh, meta_skeleton(engine.model))
+        engines[role] = empty_engine_like(engine, role_layout(layout, role), mesh, meta_skeleton(engine.model))
         copy_state_locally(engine, engines[role])
     return engines
 

@@ -65,16 +65,17 @@ def score_rows(engine: TrainEngine | None, rows: list[list[int]], count: int, pa
 class RewardScorer:
     """This rank's part of the reward-model role (its engine where the rank is in the set, None elsewhere)."""
 
-    def __init__(self, cfg: Config, rewards: RewardSet, policy_tokenizer) -> None:
+    def __init__(self, cfg: Config, rewards: RewardSet, policy_tokenizer, build: bool = True) -> None:
+        """`build`: the engine built on its set (collective); False: none yet (a joining rank: it comes by plan)."""
         placement = placement_of(cfg)
-        ranks = placement.slot(PREPARE, REWARD_MODEL).ranks
-        tp = cfg.parallel.train.tp
-        layout = ParallelLayout(ranks.size // tp, tp, zero=3, first_rank=ranks.first)
-        mesh = build_mesh(layout)  # collective: every rank takes part in creating the set's groups
-        self.engine = build_reward_engine(cfg, mesh) if dist.get_rank() in layout.ranks else None
+        self.engine: TrainEngine | None = None
+        if build:
+            ranks = placement.slot(PREPARE, REWARD_MODEL).ranks
+            tp = cfg.parallel.train.tp
+            layout = ParallelLayout(ranks.size // tp, tp, zero=3, first_rank=ranks.first)
+            mesh = build_mesh(layout)  # collective: every rank takes part in creating the set's groups
+            self.engine = build_reward_engine(cfg, mesh) if dist.get_rank() in layout.ranks else None
         self.tokenizer = HFTokenizer(cfg.reward_model.path)
-        # the id transformers finds each row's last token by (checks.reward_model: every reward model has one)
-        self.pad_id = self.engine.model.config.pad_token_id if self.engine is not None else None
         self.policy_tokenizer = policy_tokenizer
         self.rewards = rewards
         moves = [c for c in changes(placement) if c.role == REWARD_MODEL]
@@ -83,6 +84,11 @@ class RewardScorer:
         self.host = HostCopy(self.engine) if self.engine is not None and self.park is not None else None
         if self.host is not None:
             self.host.park()  # it waits in host memory until the first phase it scores in (no collective here)
+
+    @property
+    def pad_id(self) -> int | None:
+        """The id transformers finds each row's last token by (checks.reward_model: every reward model has one)."""
+        return self.engine.model.config.pad_token_id if self.engine is not None else None
 
     def texts_ids(self, samples: list[Sample]) -> list[list[int]]:
         """Each sample's prompt and decoded completion in the reward model's format, as its token ids."""
@@ -117,8 +123,8 @@ class RewardScorer:
         return {f"{change.name}/seconds": float(seconds), f"{change.name}/bytes_moved": float(moved)}
 
 
-def make_scorer(cfg: Config, task, policy_tokenizer) -> RewardScorer | None:
-    """Collective: the run's reward-model role, or None when task.reward does not name `rm`."""
+def make_scorer(cfg: Config, task, policy_tokenizer, build: bool = True) -> RewardScorer | None:
+    """Collective where `build`: the run's reward-model role, or None when task.reward does not name `rm`."""
     if not scores_with_reward_model(cfg):
         return None
-    return RewardScorer(cfg, task.rewards, policy_tokenizer)
+    return RewardScorer(cfg, task.rewards, policy_tokenizer, build)

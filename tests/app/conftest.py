@@ -33,12 +33,20 @@ def grpo_tiny_run(tmp_path_factory) -> tuple[Path, CompletedProcess]:
 
 
 @pytest.fixture(scope="session")
-def grpo4_colocate(tmp_path_factory) -> list[dict]:
-    """GRPO4 under colocate on 4 ranks that never change, for 8 steps: the rows the split runs and the live leaves and
-    joins compare with (a shorter run's steps are this run's first ones: nothing before its last step depends on
-    trainer.total_steps, and eval_every=2 evaluates at step 4 whether or not it is the last)."""
+def grpo4_colocate_run(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """GRPO4 under colocate on 4 ranks that never change, for 8 steps, a checkpoint every 2 steps (all kept): its run
+    dir and rows. The rows the split runs and the live leaves and joins compare with (a shorter run's steps are this
+    run's first ones: nothing before its last step depends on trainer.total_steps, and eval_every=2 evaluates at step 4
+    whether or not it is the last); the checkpoints the elastic runs resumed from start with (test_live_resume.py)."""
     run_dir = tmp_path_factory.mktemp("grpo4_colocate") / "run"
     try:
-        return run(run_dir, *[a for a in GRPO4 if not a.startswith("trainer.total_steps=")], "trainer.total_steps=8")
+        return run_dir, run(run_dir, *[a for a in GRPO4 if not a.startswith("trainer.total_steps=")],
+                            "trainer.total_steps=8", "trainer.save_every=2", "trainer.keep_checkpoints=0")
     finally:
         kill_marked(run_dir)
+
+
+@pytest.fixture(scope="session")
+def grpo4_colocate(grpo4_colocate_run) -> list[dict]:
+    """The rows of grpo4_colocate_run."""
+    return grpo4_colocate_run[1]

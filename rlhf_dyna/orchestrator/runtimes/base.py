@@ -46,6 +46,15 @@ class Runtime(ABC):
         self.model_dir: Path | None = None  # the weights the rollout engines opened
         self.recorder: TraceRecorder | None = None  # the run's Chrome trace: phases and transition rounds
 
+    @property
+    def reward_model(self) -> TrainEngine | None:
+        """The reward model's engine on this rank (the scorer's): a membership change moves it as any role's."""
+        return self.scorer.engine if self.scorer is not None else None
+
+    @reward_model.setter
+    def reward_model(self, engine: TrainEngine | None) -> None:
+        self.scorer.engine = engine
+
     def _recorder(self, sync_name: str) -> TraceRecorder | None:
         """The trace recorder of this rank, keeping the first tracking.trace_syncs weight syncs."""
         tracking = self.cfg.tracking

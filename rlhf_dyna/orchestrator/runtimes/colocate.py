@@ -26,6 +26,7 @@ from ...transition.vps_mover import least_moving_layout, make_vps_mover
 from ..build import build_actor, write_initial_checkpoint
 from ..live_world import Membership
 from ..phases import rollouts
+from ..reward_scoring import make_scorer
 from ..world_changes import changes_before_step
 from ..step import mean_over_world, reshard_metrics
 from .base import Runtime
@@ -64,6 +65,7 @@ class ColocateRuntime(Runtime):
         self.layout = cfg.parallel.train_layout(master_weights=cfg.model.dtype != "float32")
         self.schedule, self.membership, self.model_dir = cfg.parallel.layout_schedule(), membership, model_dir
         self.rollout = self.start_rollout(load_format="dummy")  # the first weight sync fills every weight
+        self.scorer = make_scorer(cfg, self.run.task, self.run.tokenizer, build=False)  # its engine comes by plan
         # vLLM's first generate pays one-off costs (kernels, buffers): here, in the background, not in the new world
         run, share = self.run, max(1, cfg.task.prompts_per_step // cfg.parallel.world_size)  # about a replica's prompts
         rollouts(cfg, self.rollout, run.task, run.tokenizer, run.task.eval_set()[:share], RolloutLayout(1), 0, seed=0)

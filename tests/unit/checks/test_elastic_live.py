@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_dyna.checks.elastic import LIVE, check_elastic, join_refusal
+from rlhf_dyna.checks.elastic import LIVE, check_elastic, check_events_after_resume, join_refusal
 from rlhf_dyna.config import Config
 from rlhf_dyna.errors import ConfigError
 
@@ -46,7 +46,6 @@ def test_ranks_may_join_a_colocated_run_live_but_not_under_torchrun():
     (["leave:1@2"], dict(placement__policy="split"), "placement=split"),
     (["leave:3@2"], dict(rollout__tp=2), "leave:3@2 (rank 3 leaves (4 -> 3 ranks): the 3 ranks left would generate "
                                          "with rollout tp 1, but a live vLLM engine keeps rollout.tp=2"),
-    (["leave:3@2"], dict(trainer__resume="auto"), "trainer.resume=auto"),
     (["leave:2-3@2", "join:2@3"], dict(rollout__tp=2), "join:2@3 with rollout.tp=2 (a joiner's vLLM engine starts"),
     ([], dict(elastic__leave_on_sigterm=True, placement__policy="lend"), "placement=lend"),
 ])
@@ -90,3 +89,32 @@ def test_a_running_job_admits_join_requests_where_a_join_runs_live():
         cfg = config([], elastic__accept_joins=True)
         cfg.parallel.schedule = [{"step": 2, "tp": 2}]
         check_elastic(cfg)
+
+
+def test_a_resumed_run_takes_the_events_after_its_step_and_refuses_earlier_ones():
+    """Event steps are the run's global steps and a resumed run starts with parallel.world_size ranks: events after
+    the checkpoint's step run live; one at or before it would never happen and is refused, naming the world it left."""
+    cfg = config(["leave:3@3", "join@5"], trainer__resume="auto", trainer__total_steps=8)
+    check_elastic(cfg)
+    check_events_after_resume(cfg, "auto", "/runs/a/checkpoints/step_2", 2, 4)
+    cfg.elastic.events = ["join@6", "leave:3@2", "leave:0@4"]
+    with pytest.raises(ConfigError) as err:
+        check_events_after_resume(cfg, "auto", "/runs/a/checkpoints/step_4", 4, 3)
+    assert str(err.value) == (
+        "elastic.events=['join@6', 'leave:3@2', 'leave:0@4'] with trainer.resume=auto: the run resumes after step 4 "
+        "(the checkpoint /runs/a/checkpoints/step_4, saved on 3 ranks) with parallel.world_size=4 ranks, and an "
+        "event's step is the run's global step, so leave:3@2, leave:0@4 (at or before step 4) would never happen. "
+        "Drop them (elastic.events=[join@6]), and to resume in the world they left, set parallel.world_size=2; a "
+        "resumed run's events come after its step: S in 5..7.")
+
+
+def test_a_reward_model_moves_live_unless_it_waits_in_host_memory():
+    """task.reward naming rm: the reward model's shards move with the other roles at a leave and a join; offloaded,
+    they wait in host memory at the boundary, which a live change does not move: refused."""
+    cfg = config(["leave:3@2", "join@3"], task__name="file", task__reward=["rm", "exact"])
+    check_elastic(cfg)
+    cfg.reward_model.offload = True
+    with pytest.raises(ConfigError, match="a live run cannot execute this yet: reward_model.offload=true"):
+        check_elastic(cfg)
+    with pytest.raises(ConfigError, match="algorithm=reward_model"):
+        check_elastic(config(["leave:3@2"], algorithm__name="reward_model"))
