@@ -81,9 +81,9 @@ def run_and_kill(run_dir: Path, ranks: tuple[int, ...], after_step: int, at: flo
         out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - killed
     finally:
+        kill_marked(run_dir)  # a hung run: the launcher's stacks too (its working directory marks it)
         if proc.poll() is None:
             proc.kill()
-        kill_marked(run_dir)
 
 
 def rejoin(run_dir: Path, output: Path, started: list, survivors: list[int]) -> None:
