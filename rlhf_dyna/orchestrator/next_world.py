@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from ..elastic.events import Event
-from ..elastic.join_world import GONE, fate, is_ready, joiner_name, post_plan, refuse, request, requests_so_far
+from ..elastic.join_world import fate, is_ready, joiner_name, post_plan, refuse, request, requests_so_far
 from ..elastic.membership import MembershipError
 from ..elastic.world_builder import builds_in_background
 from ..elastic.world_prebuild import WorldBuild, WorldPlan, mesh_groups, plan_payload
@@ -89,7 +89,7 @@ def agreed_requests(membership: Membership) -> list[str]:
         store, names = membership.store, []
         seen = membership.requests_seen
         for n in range(membership.requests_seen, requests_so_far(store)):  # in order: one still preparing waits
-            if fate(store, request(n)) == GONE:  # it died first (the launcher saw it): passed over
+            if fate(store, request(n)) is not None:  # dead first (the launcher saw it), or claimed in a lost world
                 seen = n + 1
                 continue
             if not is_ready(store, request(n)):
