@@ -24,9 +24,8 @@ The next step logs elastic/recovery/{seconds,steps_lost,bytes_moved,source,...}.
 
 A lost rank may come back through elastic.join=RUN_DIR (orchestrator/join.py): at the end of the step before that
 boundary the snapshot's send is finished (the join destroys every group), and at the end of the first step in the
-grown world every rank, the joiner included, forms the ring over it and takes a snapshot at once. A joiner lost before
-that (inside its join, or during that first step) takes the world back to the snapshot's, whose ranks all survived
-(orchestrator/snapshot_world.py); an old rank lost then cannot be recovered from the replicas (RecoveryImpossible).
+grown world every rank, the joiner included, forms the ring over it and takes a snapshot at once; a joiner lost
+before that goes back to the snapshot's world (orchestrator/snapshot_world.py), an old rank cannot (RecoveryImpossible).
 """
 from __future__ import annotations
 
@@ -59,7 +58,7 @@ from .checkpoint_recovery import load_in_place, newest_complete
 from .membership import global_batch
 from .placements import placement_request
 from .run import Run
-from .snapshot_world import EngineTemplate, SnapshotWorld, only_joiners_lost, snapshot_world_again
+from .snapshot_world import EngineTemplate, SnapshotWorld, joiner_gone, only_joiners_lost, snapshot_world_again
 
 ROLES = ("actor", "critic", "reference")
 ANNOUNCED_WITHIN_S = 30.0  # an error with no lost rank announced by then was not a lost rank's: it is re-raised
@@ -184,8 +183,7 @@ class Recovery:
         roles = {role: take_snapshot(engine) for role, engine in engines.items()}
         self.templates = {role: EngineTemplate.of(e, self.templates.get(role)) for role, e in engines.items()}
         membership = getattr(runtime, "membership", None)
-        placement = membership.placement if membership is not None else self.placement
-        loop = LoopState.of(run, step, SnapshotWorld(placement, runtime.layout))
+        loop = LoopState.of(run, step, SnapshotWorld(getattr(membership, "placement", self.placement), runtime.layout))
         self.recorder = runtime.recorder
         copied = time.perf_counter() - start
         self.sender = threading.Thread(target=self._send, args=(roles, loop, start, copied), daemon=True,
@@ -268,16 +266,15 @@ class Recovery:
         self.watchdog.rearm()
         if self.snapshots:
             self.side = dist.new_group(backend="gloo")
-        membership = getattr(runtime, "membership", None)  # the joins' placement, where the run admits them
-        served = Served(lost, old_world)
+        membership, served = getattr(runtime, "membership", None), Served(lost, old_world)
         if source == "replicas":
             self.newest_snapshot(lost, old_world, step, err)
         if source == "replicas" and self.loop.world != old_world:  # only joiners lost: the snapshot's world again
             new = snapshot_world_again(WorldChange(old_world, lost), self.loop.where, self.roles, self.cfg.rollout.tp)
             served = Served((), self.loop.world)
-        else:
-            placement = membership.placement if membership is not None else self.placement
-            new = world_after(placement, self.preferred, self.cfg.rollout.tp, self.batch, WorldChange(old_world, lost))
+        else:  # the placement of the joins, where the run admits them
+            new = world_after(getattr(membership, "placement", self.placement), self.preferred, self.cfg.rollout.tp,
+                              self.batch, WorldChange(old_world, lost))
         layout = new.layout.fill(size)
 
         def reform_rollout() -> None:  # the same engine, one replica fewer per lost rank
@@ -339,22 +336,17 @@ class Recovery:
                                      f"after a join: the newest snapshot is of the {self.loop.world}-rank world "
                                      f"before it, which the lost ranks were part of") from err
 
-    def from_replicas(self, run: Run, runtime, new, layout, reform_rollout,
-                      served: Served) -> tuple[int, int, str, float]:
+    def from_replicas(self, run: Run, runtime, new, layout, reform_rollout, served: Served) -> tuple[int, int, str, float]:
         """Every role rebuilt from the survivors' snapshot copies and the lost ranks' replicas (`served`), the rollout
-        re-formed and synced, the loop rolled back: (the snapshot's step, bytes moved, what was done, when the move
-        ended)."""
+        re-formed and synced, the loop rolled back: (the snapshot's step, bytes moved, what was done, when moved)."""
         engines, moved = self.restore_replicas(runtime, new, layout, served)
         restored = time.perf_counter()
         reform_rollout()
         runtime.enter_world(layout, engines)
         runtime.sync_weights()
         self.loop.restore(run)
-        holders = ", ".join(str(holder_of(r, served.world_size)) for r in served.lost)
-        whence = (f"rebuilt its state from the replicas on rank {holders} and the survivors' own shards "
-                  f"({moved / 2**20:,.2f} MiB moved)" if served.lost else
-                  f"it joined after the newest snapshot: the {served.world_size}-rank world of that snapshot again, "
-                  f"from the survivors' own shards")
+        whence = (f"rebuilt its state from the replicas on rank {', '.join(str(holder_of(r, served.world_size)) for r in served.lost)} and the survivors' own shards "
+                  f"({moved / 2**20:,.2f} MiB moved)" if served.lost else joiner_gone(served.world_size))
         return self.loop.step, moved, whence, restored
 
     def restore_replicas(self, runtime, new, layout, served: Served) -> tuple[dict, int]:

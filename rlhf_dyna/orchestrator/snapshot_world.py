@@ -58,3 +58,8 @@ def snapshot_world_again(change: WorldChange, world: SnapshotWorld, snapshots: d
     """The snapshot's world again, after `change` (the joiners lost): every role stays where the snapshot holds it."""
     moves = tuple(RoleMove(role, snap.spec, snap.spec, snap.kinds) for role, snap in snapshots.items())
     return NewWorld(change, world.placement, world.layout, rollout_tp, moves)
+
+
+def joiner_gone(world: int) -> str:
+    """The recovery's line where only joiners were lost."""
+    return f"it joined after the newest snapshot: the {world}-rank world of that snapshot again, from the survivors' own shards"
