@@ -22,6 +22,9 @@ class DictStore:
     def check(self, keys: list[str]) -> bool:
         return all(k in self.data for k in keys)
 
+    def get(self, key: str) -> bytes:
+        return self.data[key].encode()
+
     def add(self, key: str, amount: int) -> int:
         self.data[key] = str(int(self.data.get(key, "0")) + amount)
         return int(self.data[key])
