@@ -72,7 +72,8 @@ def test_a_joiner_killed_inside_its_join_stops_a_run_without_replicas_cleanly(tm
                                        "trainer.keep_checkpoints=0", env={KILL_ENV: f"join/move@{JOINER}"})
     assert code != 0, out[-3000:] + err[-3000:]
     assert seconds < 30, f"the stop took {seconds:.1f} s"
-    assert f"rank {JOINER} of 4 failed with exit code 137; stopped the other ranks" in err, err[-3000:]
+    # the cause shown: the joiner (no record of its own) or a peer whose error was recorded before its exit was seen
+    assert "of 4 failed" in err and "stopped the other ranks" in err, err[-3000:]
     assert not marked_processes(str(run_dir))
     ident = json.loads((run_dir / "join.json").read_text())["run_ident"]
     assert [p.name for p in SHM_DIR.iterdir() if ident in p.name] == []
