@@ -4,7 +4,7 @@ load in place, and what recovery from a lost rank runs with in this first versio
 from __future__ import annotations
 
 from ..config import Config
-from ..elastic.membership import MembershipError, WorldChange, live_refusal, world_after
+from ..elastic.membership import MembershipError, WorldChange, world_after
 from ..elastic.replicas import recovers_from_checkpoint
 from ..errors import ConfigError
 from ..orchestrator.membership import global_batch
@@ -48,10 +48,7 @@ def unrecoverable_losses(cfg: Config) -> list[str]:
     for rank in range(world):
         change = WorldChange(world, (rank,))
         try:
-            new = world_after(placement, request.train, cfg.rollout.tp, global_batch(cfg), change)
-            why = live_refusal(change, cfg.rollout.tp, new.rollout_tp)
-            if why:
-                out.append(why)
+            world_after(placement, request.train, cfg.rollout.tp, global_batch(cfg), change)
         except MembershipError as err:
             out.append(str(err))
     return out

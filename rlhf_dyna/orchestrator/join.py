@@ -31,17 +31,17 @@ from torch.nn import Module
 
 from ..elastic.faults import kill_point
 from ..elastic.join_world import GONE, Admission, admit, claim, fate, refuse, wait_settled
-from ..elastic.membership import MembershipError, NewWorld, WorldChange, world_after
+from ..elastic.membership import MembershipError, NewWorld, WorldChange, engines_kept, world_after
 from ..elastic.world_prebuild import WorldBuild, configured_backend, record_world, world_metrics
 from ..elastic.world_switch import enter_new_world
 from ..parallel_layout import ParallelLayout
-from ..rollout.reform import reform, release_groups
+from ..rollout.reform import release_groups
 from ..train.mesh import build_mesh
 from ..transition.bind_train import train_spec
 from ..transition.relayout import bind_train_state, empty_engine, meta_skeleton, optimizer_groups, settings_of
 from ..transition.role_move import move_role_state, role_catalog
 from ..vps.spec import ParallelSpec
-from .leave import engines_on, role_layout
+from .leave import engines_on, reform_rollout, role_layout
 from .live_world import Membership
 from .run import Run
 
@@ -71,6 +71,7 @@ class Handover:
     task_state: dict
     kl_ctl: object
     joiners_before: int  # joiner processes admitted so far, this change's included
+    engine_tp: int  # the old world's vLLM engines' tp (a joiner's is 1)
 
 
 def blueprint(engine) -> RoleBlueprint:
@@ -82,7 +83,7 @@ def handover(runtime, membership: Membership, new: NewWorld, step: int, name: st
     run: Run = runtime.run
     roles = {move.role: blueprint(getattr(runtime, move.role)) for move in new.moves}
     return Handover(name, new, runtime.layout, roles, step, run.rng, random.getstate(), torch.get_rng_state(),
-                    getattr(run.task, "state_dict", dict)(), run.kl_ctl, membership.joiners_before)
+                    getattr(run.task, "state_dict", dict)(), run.kl_ctl, membership.joiners_before, runtime.rollout.tp)
 
 
 def shared(h: Handover | None) -> Handover:
@@ -131,7 +132,7 @@ def grow(runtime, membership: Membership, h: Handover, engines: dict, skeletons:
         setattr(runtime, role, None)  # the old world's engine: its state is staged now
     grown, moved, rounds = spread(runtime, h, staged, skeletons, layout, mesh)
     moved_at = time.perf_counter()
-    reform(runtime.rollout, dist.get_rank(), dist.get_world_size())  # the same engine, in a larger DP group
+    reform_rollout(runtime, engines_kept(h.new.change, h.engine_tp, h.new.rollout_tp), h.new.rollout_tp)
     runtime.enter_world(layout, grown)
     runtime.sync_weights()
     membership.placement, membership.joiners_before = h.new.placement, h.joiners_before

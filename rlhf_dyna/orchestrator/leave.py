@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import torch.distributed as dist
 
-from ..elastic.membership import MembershipError, NewWorld, WorldChange, live_refusal, world_after
+from ..elastic.membership import MembershipError, NewWorld, WorldChange, engines_kept, live_refusal, world_after
 from ..elastic.placement import REWARD_MODEL
 from ..elastic.world_prebuild import WorldBuild, configured_backend, record_world, world_metrics
 from ..elastic.world_switch import enter_new_world
@@ -58,7 +58,7 @@ def left_world(membership: Membership, leaving: tuple[int, ...]) -> NewWorld:
     """The world after `leaving` leave the current one (MembershipError: it cannot be, or not live)."""
     change = WorldChange(dist.get_world_size(), leaving)
     new = world_after(membership.placement, membership.preferred, membership.rollout_tp, membership.batch, change)
-    why = live_refusal(change, membership.rollout_tp, new.rollout_tp, store_host_rank(launching=False))
+    why = live_refusal(change, store_host_rank(launching=False))
     if why is not None:
         raise MembershipError(why)
     return new
@@ -104,6 +104,15 @@ def send_state(runtime, new: NewWorld, layout: ParallelLayout, name: str) -> tup
     return staged, moved, rounds
 
 
+def reform_rollout(runtime, kept: bool, tp: int) -> None:
+    """Collective over the new world: every rank's vLLM engine re-formed over it (`kept`: its tp and place in its TP
+    group stay; a DP group one replica smaller or larger), or a new engine of `tp` on every rank."""
+    if kept:
+        reform(runtime.rollout, dist.get_rank(), dist.get_world_size())
+    else:
+        runtime.restart_rollout(tp)
+
+
 def engines_on(layout: ParallelLayout, staged: dict, mesh) -> dict:
     """The staged engines (on the survivors' mesh of the old world) copied, shard for shard, onto the new world's
     `mesh` of `layout`."""
@@ -143,7 +152,7 @@ def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name
     built_at = time.perf_counter()
     engines = engines_on(layout, staged, mesh)
     copied_at = time.perf_counter()
-    reform(runtime.rollout, dist.get_rank(), dist.get_world_size())  # the same engine, in a smaller DP group
+    reform_rollout(runtime, engines_kept(new.change, runtime.rollout.tp, new.rollout_tp), new.rollout_tp)
     runtime.enter_world(layout, engines)
     runtime.sync_weights()
     membership.placement = new.placement

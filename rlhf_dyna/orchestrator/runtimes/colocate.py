@@ -7,6 +7,7 @@ into vLLM's layout after every step (`reshard/train_to_rollout/*`).
 """
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -48,15 +49,26 @@ class ColocateRuntime(Runtime):
         self.recorder = self._recorder(WEIGHT_SYNC)
         self.sync = self.make_sync()
 
-    def start_rollout(self, load_format: str = "auto") -> VLLMRollout:
-        """This rank's vLLM engine over the current world, opening `self.model_dir` ("dummy": its config only)."""
+    def start_rollout(self, load_format: str = "auto", tp: int | None = None,
+                      replicas: int | None = None) -> VLLMRollout:
+        """This rank's vLLM engine of `tp` (rollout.tp) over the current world, opening `self.model_dir` ("dummy": its
+        config only); `replicas`: how many share a step's samples (the world's replicas), which sizes its KV cache."""
         cfg = self.cfg
+        tp = tp or cfg.rollout.tp
         return VLLMRollout(
-            str(self.model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
+            str(self.model_dir), tp=tp, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
             expert_parallel=cfg.rollout.expert_parallel, load_format=load_format,
             **engine_args(cfg, self.run.dist_info.device.type, colocated=True,
-                          replicas=cfg.parallel.world_size // cfg.rollout.tp),
+                          replicas=replicas or dist.get_world_size() // tp),
         )
+
+    def restart_rollout(self, tp: int) -> None:
+        """Collective over a new world whose change moved the engines' tp or a rank's place in a TP group: a new
+        engine of `tp` in place of this rank's (whose groups are released already); the next weight sync fills it."""
+        self.rollout.discard()
+        self.rollout = None
+        gc.collect()  # the old engine's weights and KV cache, before the new one takes its own
+        self.rollout = self.start_rollout(load_format="dummy", tp=tp)
 
     def prepare_to_join(self, membership: Membership, model_dir, process: int) -> None:
         """A joining process, before its world exists: what start() builds without the world (orchestrator/joiner.py).
@@ -64,7 +76,9 @@ class ColocateRuntime(Runtime):
         cfg = self.cfg
         self.layout = cfg.parallel.train_layout(master_weights=cfg.model.dtype != "float32")
         self.schedule, self.membership, self.model_dir = cfg.parallel.layout_schedule(), membership, model_dir
-        self.rollout = self.start_rollout(load_format="dummy")  # the first weight sync fills every weight
+        # a replica of its own (tp 1) until the boundary, where a tp > 1 world starts new engines; the first weight
+        # sync fills every weight
+        self.rollout = self.start_rollout(load_format="dummy", tp=1, replicas=cfg.parallel.world_size)
         self.scorer = make_scorer(cfg, self.run.task, self.run.tokenizer, build=False)  # its engine comes by plan
         # vLLM's first generate pays one-off costs (kernels, buffers): here, in the background, not in the new world
         run, share = self.run, max(1, cfg.task.prompts_per_step // cfg.parallel.world_size)  # about a replica's prompts
@@ -73,8 +87,10 @@ class ColocateRuntime(Runtime):
         self.recorder = self._recorder(WEIGHT_SYNC)
 
     def world_rollout_layout(self) -> RolloutLayout:
-        """vLLM over the whole world: one replica per rollout.tp ranks."""
-        return RolloutLayout(dist.get_world_size(), self.cfg.rollout.tp, expert_parallel=self.cfg.rollout.expert_parallel)
+        """vLLM over the whole world: one replica per tp ranks (rollout.tp, or the tp a change of world gave the
+        engines)."""
+        tp = self.rollout.tp if self.rollout is not None else self.cfg.rollout.tp
+        return RolloutLayout(dist.get_world_size(), tp, expert_parallel=self.cfg.rollout.expert_parallel)
 
     def make_sync(self):
         # only the VPS executor has rounds to trace; naive's gathers are not traced
