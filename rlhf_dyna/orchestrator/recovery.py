@@ -266,9 +266,10 @@ class Recovery:
         self.watchdog.rearm()
         if self.snapshots:
             self.side = dist.new_group(backend="gloo")
-        membership, served = getattr(runtime, "membership", None), Served(lost, old_world)
+        membership, served = getattr(runtime, "membership", None), None  # no replica serves a checkpoint's load
         if source == "replicas":
             self.newest_snapshot(lost, old_world, step, err)
+            served = Served(lost, old_world)
         if source == "replicas" and self.loop.world != old_world:  # only joiners lost: the snapshot's world again
             new = snapshot_world_again(WorldChange(old_world, lost), self.loop.where, self.roles, self.cfg.rollout.tp)
             served = Served((), self.loop.world)
