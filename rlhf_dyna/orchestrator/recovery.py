@@ -22,10 +22,12 @@ Where the announcement says "checkpoint" (no surviving replica holds some lost p
 load the newest complete checkpoint into empty engines in place instead (orchestrator/checkpoint_recovery.py).
 The next step logs elastic/recovery/{seconds,steps_lost,bytes_moved,source,...}.
 
-A lost rank may come back through elastic.join=RUN_DIR (orchestrator/join.py): at the end of the step before that
-boundary the snapshot's send is finished (the join destroys every group), and at the end of the first step in the
-grown world every rank, the joiner included, forms the ring over it and takes a snapshot at once; a joiner lost
-before that goes back to the snapshot's world (orchestrator/snapshot_world.py), an old rank cannot (RecoveryImpossible).
+Membership changes (elastic.events, SIGTERM leaves, elastic.join requests; orchestrator/world_changes.py) run beside
+it: before each change the snapshot's send is finished (the change destroys every group), and right after the
+boundary's changes every rank of the new world, a joiner included, forms the ring over it and takes a snapshot at
+once (after_change), then rank 0 publishes the world's members for the launcher (launch/world_record.py). A joiner lost
+inside its join goes back to the snapshot's world (orchestrator/snapshot_world.py), an old rank cannot
+(RecoveryImpossible); a rank lost inside a leave stops the run (the launcher sees the world record "changing").
 """
 from __future__ import annotations
 
