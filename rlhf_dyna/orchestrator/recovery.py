@@ -253,7 +253,8 @@ class Recovery:
         self.watchdog.rearm()
         if self.snapshots:
             self.side = dist.new_group(backend="gloo")
-        membership, served = getattr(runtime, "membership", None), Served(lost, old_world)
+        membership = getattr(runtime, "membership", None)
+        served = Served(lost, old_world) if source == "replicas" else None  # a checkpoint's: no replica serves
         if source == "replicas":
             self.newest_snapshot(lost, old_world, step, err)
         if source == "replicas" and self.loop.world != old_world:  # only joiners lost: the snapshot's world again
