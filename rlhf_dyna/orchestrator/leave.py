@@ -23,6 +23,7 @@ from dataclasses import replace
 
 import torch.distributed as dist
 
+from ..elastic.faults import kill_point
 from ..elastic.membership import MembershipError, NewWorld, WorldChange, engines_kept, live_refusal, world_after
 from ..elastic.placement import REWARD_MODEL
 from ..elastic.world_prebuild import WorldBuild, configured_backend, record_world, world_metrics
@@ -132,6 +133,7 @@ def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name
     new = planned_world(membership, leaving, name)
     if new is None:
         return {}
+    kill_point("leave/move", runtime.run.dist_info.rank, runtime.run.dist_info.run_ident)  # tests: dead in a leave
     layout = new.layout.fill(new.change.new_world_size)
     store, backend = membership.store, configured_backend()
     staged, moved, rounds = send_state(runtime, new, layout, name)
