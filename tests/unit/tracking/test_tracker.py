@@ -1,4 +1,5 @@
 import json
+import time
 
 import pytest
 import torch
@@ -134,6 +135,7 @@ def test_one_wandb_run_per_output_dir_across_rank_0s_and_rewinds(tmp_path):
         first.log(step, {"reward/mean": 10.0 * step})
     first_dir = first.wandb_run_dir
     first.close()
+    time.sleep(1.05 - time.time() % 1)  # wandb names an offline run's directory by the second it started in
     second = Tracker(tmp_path, wandb_cfg, console="off", total_steps=5, after_step=4)
     second.log(5, {"reward/mean": 50.0})
     second_dir = second.wandb_run_dir
