@@ -17,6 +17,7 @@ from ...elastic.join_world import job_client_store
 from ...parallel_layout import ParallelLayout, RolloutLayout, reached_by, switch_at
 from ...rollout.context_length import max_model_len
 from ...rollout.gpu_defaults import engine_args
+from ...rollout.reform import reform
 from ...rollout.vllm_engine import VLLMRollout
 from ...tracking.timeline import record_step_phases
 from ...train.mesh import build_mesh
@@ -34,6 +35,7 @@ from .base import Runtime
 
 class ColocateRuntime(Runtime):
     name = "colocate"
+    joiner_generates = True  # every rank holds a vLLM engine
 
     def start(self) -> None:
         cfg, run, info = self.cfg, self.run, self.run.dist_info
@@ -80,6 +82,12 @@ class ColocateRuntime(Runtime):
         # only the VPS executor has rounds to trace; naive's gathers are not traced
         name = self.cfg.rollout.sync
         return make_sync(name, **({"recorder": self.recorder} if name == "vps" else {}))
+
+    def leave_job(self) -> None:
+        self.rollout = None  # its engine goes with the process: its groups are gone, no shutdown can run
+
+    def reform_rollout(self) -> None:
+        reform(self.rollout, dist.get_rank(), dist.get_world_size())  # the same engine, in the new world's DP group
 
     def enter_world(self, layout: ParallelLayout, engines: dict) -> None:
         """After a membership change (orchestrator/leave.py, which re-formed the rollout engine's groups): this rank's
