@@ -18,6 +18,7 @@ from .elastic.events import joiner_slots, parse_events
 from .elastic.replicas import recovers_from_checkpoint
 from .models.checkpoint_fields import resolve_model
 from .launch.join_file import running_job
+from .launch.output import stacks_on_signal
 from .orchestrator.checkpoint_dirs import CheckpointError, read_marker, resolve_trainer_resume
 
 # vLLM logs every engine detail at INFO; wandb advertises its products: keep the per-step lines readable.
@@ -84,6 +85,7 @@ def run_job(dcfg: DictConfig) -> int:
     joining = f" (+{joiners} joining later)" if joiners else ""
     print(f"rlhf_dyna: recipe {cfg.recipe}, {cfg.parallel.world_size} local ranks{joining}, output in {out_dir}",
           flush=True)
+    stacks_on_signal(out_dir, "launcher")  # kill -USR1: where the launcher waits (each rank answers it too)
     return launch.spawn_ranks(cfg.parallel.world_size, "rlhf_dyna.worker", [str(out_dir)], run_dir=out_dir, env=QUIET_ENV,
                               preload=RANK_PRELOAD, console=cfg.tracking.console, joiners=joiners,
                               join_config=out_dir / RESOLVED_CONFIG if cfg.elastic.accept_joins else None,

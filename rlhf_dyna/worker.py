@@ -11,6 +11,7 @@ from .config import RESOLVED_CONFIG, Config, load_config
 from .launch import init_distributed, record_failure, route_rank_output, shutdown_distributed
 from .elastic.join_world import NotAdmitted
 from .launch.fork import exit_now, imports_without_gc
+from .launch.output import ROUTED_ENV, stacks_on_signal
 from .launch.spawn import JOINER_ENV
 from .train.shm_collectives import use_shm_collectives
 
@@ -81,6 +82,8 @@ def main() -> None:
     out_dir = Path(sys.argv[1])
     cfg = load_config(out_dir / RESOLVED_CONFIG)
     joiner = os.environ.get(JOINER_ENV)
+    if os.environ.get(ROUTED_ENV):  # our launcher's process (RANK: its launch index); torchrun may send SIGUSR1 itself
+        stacks_on_signal(out_dir, f"rank{os.environ['RANK']}")
     if joiner is not None:
         run_joiner_process(cfg, out_dir, int(joiner))
     else:

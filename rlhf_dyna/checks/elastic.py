@@ -16,9 +16,9 @@ LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM), 
         "placement=colocate, or placement=split without rebalance (a leave shrinks the set the rank left, joiners "
         "extend the training set), with a training layout of dp, tp and pp (parallel.train cp, ep = 1), no "
         "parallel.schedule, a reward model (task.reward naming rm) only under colocate without reward_model.offload, "
-        "no algorithm=reward_model, rollout.tp consecutive ranks (or a multiple) leaving at a time, and rollout.tp=1 "
-        "for joins, launched by python -m rlhf_dyna (not torchrun: its launcher starts the joining processes); "
-        "placement=lend and placement.rebalance stay refused")
+        "no algorithm=reward_model, any rollout.tp (vLLM engines restarted where a change moves their tp or a rank's "
+        "place in a TP group; split's engines are tp=1), launched by python -m rlhf_dyna (not torchrun: its launcher "
+        "starts the joining processes); placement=lend and placement.rebalance stay refused")
 
 
 def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torchrun: bool = False) -> list[str]:
@@ -40,14 +40,10 @@ def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torch
     joins = [event.text for event, _ in worlds if event.joining]
     if joins and split and (why := joiners_generate(cfg)):
         problems.append(f"{', '.join(joins)} ({why})")
-    if joins and cfg.rollout.tp != 1:
-        problems.append(f"{', '.join(joins)} with rollout.tp={cfg.rollout.tp} (a joiner's vLLM engine starts as a "
-                        "replica of its own, rollout.tp=1)")
     if joins and under_torchrun:
         problems.append(f"{', '.join(joins)} under torchrun (python -m rlhf_dyna's launcher starts the joiners)")
     problems += [f"{event.text} ({why})" for event, world in worlds
-                 if event.leaving and (why := live_refusal(world.change, cfg.rollout.tp, world.rollout_tp,
-                                                           store_host_rank(launching=not under_torchrun)))]
+                 if event.leaving and (why := live_refusal(world.change, store_host_rank(launching=not under_torchrun)))]
     return problems
 
 
@@ -65,8 +61,6 @@ def joiners_generate(cfg: Config) -> str | None:
 def join_refusal(cfg: Config, under_torchrun: bool = False) -> str | None:
     """Why a running job of this config cannot admit elastic.join=RUN_DIR processes live, or None."""
     problems = live_problems(cfg, [], under_torchrun)  # beside recovery from a lost rank too (the world regrows)
-    if cfg.rollout.tp != 1:
-        problems.append(f"rollout.tp={cfg.rollout.tp} (a joiner's vLLM engine starts as a replica of its own)")
     if cfg.placement.policy == "split" and (why := joiners_generate(cfg)):
         problems.append(why)
     if under_torchrun:

@@ -4,15 +4,15 @@ load in place, and what recovery from a lost rank runs with in this first versio
 from __future__ import annotations
 
 from ..config import Config
-from ..elastic.membership import MembershipError, WorldChange, live_refusal, world_after
+from ..elastic.membership import MembershipError, WorldChange, world_after
 from ..elastic.replicas import recovers_from_checkpoint
 from ..errors import ConfigError
 from ..orchestrator.membership import global_batch
 from ..orchestrator.placements import placement_request, scores_with_reward_model
 from ..elastic.policies import make_placement
 
-RECOVERS = ("recovery from a lost rank runs under placement=colocate with a training layout of dp and tp "
-            "(parallel.train pp, cp, ep = 1, zero=3), rollout.tp=1, model.dtype=float32, no parallel.schedule, no "
+RECOVERS = ("recovery from a lost rank runs under placement=colocate with a training layout of dp, tp and pp "
+            "(parallel.train cp, ep = 1, zero=3), rollout.tp=1, model.dtype=float32, no parallel.schedule, no "
             "reward model, no elastic.events or elastic.leave_on_sigterm (elastic.join requests are admitted), launched by "
             "python -m rlhf_dyna (not torchrun)")
 
@@ -22,7 +22,7 @@ def recovery_problems(cfg: Config, under_torchrun: bool = False) -> list[str]:
     t, e, problems = cfg.parallel.train, cfg.elastic, []
     if cfg.placement.policy != "colocate" or cfg.placement.rebalance:
         problems.append(f"placement={cfg.placement.policy}{' with rebalance' if cfg.placement.rebalance else ''}")
-    problems += [f"parallel.train.{name}={getattr(t, name)}" for name in ("pp", "cp", "ep") if getattr(t, name) != 1]
+    problems += [f"parallel.train.{name}={getattr(t, name)}" for name in ("cp", "ep") if getattr(t, name) != 1]
     if t.zero != 3:  # a snapshot reads the shards; ZeRO-1/2's gathered replicas would have to be rebuilt after it
         problems.append(f"parallel.train.zero={t.zero}")
     if cfg.rollout.tp != 1:
@@ -48,10 +48,7 @@ def unrecoverable_losses(cfg: Config) -> list[str]:
     for rank in range(world):
         change = WorldChange(world, (rank,))
         try:
-            new = world_after(placement, request.train, cfg.rollout.tp, global_batch(cfg), change)
-            why = live_refusal(change, cfg.rollout.tp, new.rollout_tp)
-            if why:
-                out.append(why)
+            world_after(placement, request.train, cfg.rollout.tp, global_batch(cfg), change)
         except MembershipError as err:
             out.append(str(err))
     return out

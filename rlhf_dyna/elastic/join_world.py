@@ -2,14 +2,22 @@
 
     store = job_client_store()                            # every process: a client of the job's TCPStore
     name = joiner_name(k)                                 # scripted joiner k; request_name(store) for elastic.join
+    announce_pid(store, name, os.getpid())                # a request: the launcher watches it (launch/joiner_watch.py)
     enter_private_world(store, name, "gloo")              # a world of one, so vLLM can start before the join
     ... prepare (task, skeletons, vLLM engine) ...
     announce_ready(store, name, build_seconds)
     admission = wait_admission(store, name, on_plan)      # blocks until the world admits it (NotAdmitted: it won't);
                                                           # on_plan(plan) when rank 0 posts the new world's plan
     post_plan(store, name, plan)                          # rank 0, at the start of the step before the boundary
-    waited, built = wait_ready(store, [name])             # the old world at the boundary: every rank
-    admit(store, name, Admission(generation, rank, world_size, step))    # rank 0
+    waited, built = wait_settled(store, [name])           # the old world at the boundary: every rank
+    if claim(store, name):                                # rank 0: admitted, unless the launcher dropped it first
+        admit(store, name, Admission(generation, rank, world_size, step))
+    drop(store, name)                                     # the launcher, when the process died: False once claimed
+    mark_exited(store, name)                              # the process, when it ends without failing
+
+A joiner's fate is one key, set once by whichever comes first (compare_set): rank 0 claiming it at the boundary
+("admitted": from then on it is a rank of the new world, and its death a lost rank's), or the launcher finding the
+process dead ("gone": it never entered, and the world goes on without it).
 
 Every process (ranks and joiners) opens its own client of the job's TCPStore (MASTER_ADDR:MASTER_PORT, served from
 the launcher's process: launch/spawn.py), under one prefix, so all name the same keys whatever worlds they have been
@@ -33,6 +41,7 @@ REQUESTS_KEY = "requests"  # a counter: elastic.join=RUN_DIR processes that aske
 STORE_TIMEOUT = timedelta(hours=24)  # a joiner may wait for its boundary as long as a run lasts
 CONNECT_TIMEOUT = timedelta(seconds=30)  # a job whose store does not answer by then is not running
 POLL_S = 0.05
+ADMITTED, GONE = "admitted", "gone"  # a joiner's fate (fate_key)
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,18 @@ def plan_key(name: str) -> str:
     return f"{name}/plan"
 
 
+def fate_key(name: str) -> str:
+    return f"{name}/fate"
+
+
+def pid_key(name: str) -> str:
+    return f"{name}/pid"
+
+
+def exited_key(name: str) -> str:
+    return f"{name}/exited"
+
+
 def job_client_store(host: str | None = None, port: int | None = None) -> dist.Store:
     """A client of the job's store (the launcher's MASTER_ADDR:MASTER_PORT by default), under the job's prefix."""
     host = host if host is not None else os.environ["MASTER_ADDR"]
@@ -109,13 +130,50 @@ def is_ready(store: dist.Store, name: str) -> bool:
     return store.check([ready_key(name)])
 
 
-def wait_ready(store: dist.Store, names: list[str]) -> tuple[float, float]:
-    """Block until every joiner in `names` is prepared; (seconds waited here, the longest preparation)."""
-    started = time.perf_counter()
-    keys = [ready_key(n) for n in names]
-    store.wait(keys, STORE_TIMEOUT)
-    waited = time.perf_counter() - started
-    return waited, max(json.loads(store.get(k))["build_seconds"] for k in keys)
+def fate(store: dist.Store, name: str) -> str | None:
+    """ADMITTED, GONE, or None while neither has happened."""
+    return store.get(fate_key(name)).decode() if store.check([fate_key(name)]) else None
+
+
+def _set_once(store: dist.Store, name: str, value: str) -> bool:
+    return store.compare_set(fate_key(name), "", value).decode() == value
+
+
+def claim(store: dist.Store, name: str) -> bool:
+    """Rank 0 at the boundary: whether joiner `name` is admitted (False: the launcher found it dead first)."""
+    return _set_once(store, name, ADMITTED)
+
+
+def drop(store: dist.Store, name: str) -> bool:
+    """The launcher, on finding joiner `name` dead: whether it was dropped before admission (False: it was a rank)."""
+    return _set_once(store, name, GONE) or fate(store, name) == GONE
+
+
+def wait_settled(store: dist.Store, names: list[str]) -> tuple[float, float]:
+    """Block until every joiner in `names` is prepared or gone (it died first); (seconds waited here, the longest
+    preparation of those prepared, 0 where none is)."""
+    started, keys = time.perf_counter(), [ready_key(n) for n in names]
+    while not all(store.check([k]) or fate(store, n) == GONE for n, k in zip(names, keys)):
+        time.sleep(POLL_S)
+    built = [json.loads(store.get(k))["build_seconds"] for k in keys if store.check([k])]
+    return time.perf_counter() - started, max(built, default=0.0)
+
+
+def announce_pid(store: dist.Store, name: str, pid: int) -> None:
+    store.set(pid_key(name), str(pid))
+
+
+def announced_pid(store: dist.Store, name: str) -> int | None:
+    return int(store.get(pid_key(name))) if store.check([pid_key(name)]) else None
+
+
+def mark_exited(store: dist.Store, name: str) -> None:
+    """The joiner ends without failing (refused, left, or the run done): its end is no loss."""
+    store.set(exited_key(name), "1")
+
+
+def has_exited(store: dist.Store, name: str) -> bool:
+    return store.check([exited_key(name)])
 
 
 def admit(store: dist.Store, name: str, admission: Admission) -> None:
@@ -128,7 +186,13 @@ def post_plan(store: dist.Store, name: str, plan: dict) -> None:
 
 
 def refuse(store: dist.Store, name: str, why: str) -> None:
+    """Rank 0: joiner `name` does not enter (its fate GONE, even where rank 0 had claimed it)."""
     store.set(refusal_key(name), why)
+    store.set(fate_key(name), GONE)
+
+
+def is_refused(store: dist.Store, name: str) -> bool:
+    return store.check([refusal_key(name)])
 
 
 def mark_job_done(store: dist.Store) -> None:

@@ -257,22 +257,20 @@ def role_moves(old: Placement, new: Placement, change: WorldChange) -> tuple[Rol
     return tuple(out)
 
 
-def live_refusal(change: WorldChange, rollout_tp: int, new_rollout_tp: int,
-                 store_rank: int | None = None) -> str | None:
+def live_refusal(change: WorldChange, store_rank: int | None = None) -> str | None:
     """Why a change the planner accepts cannot run live yet, or None: the rank that serves the job's store leaving
-    (`store_rank`: launch.host.store_host_rank; None where a launcher serves it), or a survivor's vLLM engine whose tp
-    or tp rank would change (an engine keeps its tp shard across the change; a leave takes whole TP groups' worth of
-    consecutive ranks)."""
-    what = change.describe()
+    (`store_rank`: launch.host.store_host_rank; None where a launcher serves it)."""
     if store_rank is not None and store_rank in change.leaving:
-        return (f"{what}: rank {store_rank} serves the job's store (env:// rendezvous under a launcher without an "
-                f"agent store), so it cannot leave; any other rank can (python -m rlhf_dyna's launcher and torchrun's "
-                f"agent serve the store themselves).")
-    if new_rollout_tp != rollout_tp:
-        return (f"{what}: the {change.new_world_size} ranks left would generate with rollout tp {new_rollout_tp}, "
-                f"but a live vLLM engine keeps rollout.tp={rollout_tp}; leave a multiple of {rollout_tp} ranks.")
-    moved = [old for new, old in enumerate(change.survivors) if new % rollout_tp != old % rollout_tp]
-    if moved:
-        return (f"{what}: rank {moved[0]} would change its place in its vLLM TP group (rollout.tp={rollout_tp}), "
-                f"which a live engine cannot; leave {rollout_tp} consecutive ranks (or a multiple) at a time.")
+        return (f"{change.describe()}: rank {store_rank} serves the job's store (env:// rendezvous under a launcher "
+                f"without an agent store), so it cannot leave; any other rank can (python -m rlhf_dyna's launcher and "
+                f"torchrun's agent serve the store themselves).")
     return None
+
+
+def engines_kept(change: WorldChange, rollout_tp: int, new_rollout_tp: int) -> bool:
+    """Whether every rank's vLLM engine (of `rollout_tp`) goes on in the new world, re-formed: its tp stays, every
+    survivor keeps its place in its TP group (an engine holds its tp shard), and joiners, whose engines start as
+    replicas of their own (tp 1), join only where tp is 1. Otherwise every rank starts a new engine there."""
+    if new_rollout_tp != rollout_tp or (change.joining and rollout_tp != 1):
+        return False
+    return all(new % rollout_tp == old % rollout_tp for new, old in enumerate(change.survivors))

@@ -120,12 +120,15 @@ class LossHandler:
 
     def on_deaths(self, dead: list[int], died_at: float) -> str | None:
         """`dead`: launched processes that exited with an error; None if the survivors recover, else why to stop."""
+        try:
+            store = self._store()
+            self.fold_joins(store)
+        except Exception as err:  # the store (this process's server) does not answer
+            return f"processes {dead} lost and the job's store does not answer ({err}); stopped the run."
         dead = [p for p in dead if p in self.watch.members]
         if not dead:
             return None
         try:
-            store = self._store()
-            self.fold_joins(store)
             verdict, why = self.watch.decide(dead, self.watch.recovered(store))
         except Exception as err:  # the store (this process's server) does not answer
             return f"processes {dead} lost and the job's store does not answer ({err}); stopped the run."
@@ -141,14 +144,15 @@ class LossHandler:
 
     def fold_joins(self, store) -> None:
         """The elastic.join processes rank 0 admitted since the last look: members from now on (in request order:
-        rank 0 agrees on them in that order and refuses, with a key of its own, those the world cannot take)."""
-        from rlhf_dyna.elastic.join_world import admission_key, refusal_key, request, requests_so_far  # torch: on a loss only
+        rank 0 claims them in that order; a refused one or one dead before its claim is gone)."""
+        from rlhf_dyna.elastic.join_world import ADMITTED, fate, request, requests_so_far  # torch: on a loss only
         admitted, watch = [], self.watch
         for n in range(watch.requests_seen, requests_so_far(store)):
             name = request(n)
-            if store.check([admission_key(name)]):
-                admitted.append(name)
-            elif not store.check([refusal_key(name)]):
+            decided = fate(store, name)  # set by rank 0's claim before its admission, or gone (dead, refused)
+            if decided is None:
                 break  # not decided yet: it and those after it are looked at again at the next decision
+            if decided == ADMITTED:
+                admitted.append(name)
             watch.requests_seen = n + 1
         watch.join(admitted)

@@ -1,11 +1,14 @@
 """Where a run's output goes. Each rank's stdout and stderr go to `<run dir>/logs/rank<R>.log`, and what the launcher's
 own imports print (vLLM's and Triton's notices, FutureWarnings) to `logs/launcher.log`; the console gets only what
 tracking/console_view.py picks from rank 0's lines, and the launcher's error report. Under torchrun, where no
-launcher of ours reads the ranks' output, `route_rank_output` does the same from inside each rank."""
+launcher of ours reads the ranks' output, `route_rank_output` does the same from inside each rank. `kill -USR1` of a
+process of a run writes every thread's Python stack to `logs/<name>.stacks` (a hung run's state without a debugger)."""
 from __future__ import annotations
 
+import faulthandler
 import io
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +21,8 @@ LOG_DIR = "logs"
 LAUNCHER_LOG = "launcher.log"
 ROUTED_ENV = "RLHF_DYNA_OUTPUT_ROUTED"  # set in the ranks of spawn_ranks, whose output the launcher routes
 _console: IO[str] | None = None  # inside a rank routed by route_rank_output: the console it kept
+STACKS_SIGNAL = signal.SIGUSR1
+_stacks: IO[str] | None = None  # the file faulthandler writes this process's stacks to
 
 
 def log_dir(run_dir: Path | str) -> Path:
@@ -26,6 +31,22 @@ def log_dir(run_dir: Path | str) -> Path:
 
 def rank_log(run_dir: Path | str, rank: int) -> Path:
     return log_dir(run_dir) / f"rank{rank}.log"
+
+
+def stacks_file(run_dir: Path | str, name: str) -> Path:
+    return log_dir(run_dir) / f"{name}.stacks"
+
+
+def stacks_on_signal(run_dir: Path | str, name: str) -> None:
+    """STACKS_SIGNAL makes this process write every thread's Python stack to stacks_file(run_dir, name) (appended)."""
+    global _stacks
+    path = stacks_file(run_dir, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stream = open(path, "a", encoding="utf-8")  # kept open: the handler writes to its descriptor, in C
+    faulthandler.register(STACKS_SIGNAL, file=stream, all_threads=True)
+    if _stacks is not None:
+        _stacks.close()
+    _stacks = stream
 
 
 @contextmanager

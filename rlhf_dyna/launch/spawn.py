@@ -26,6 +26,7 @@ from .failure import ERROR_FILE_ENV, RankFailure, error_file, first_failure, rea
 from .fork import ForkedRank, fork_rank, preload as preload_modules
 from .host import AGENT_STORE_ENV, check_capacity, free_port, new_run_ident, usable_cores, visible_gpu_count
 from .join_file import RunningJob, mark_finished, write_join_file
+from .joiner_watch import POLL_S as JOINERS_POLL_S, JoinerWatch
 from .lost_ranks import LossHandler, settle
 from .output import LAUNCHER_LOG, ROUTED_ENV, log_dir, output_to, pump, rank_log
 from .shm import SHM_DIR, clean_shm_segments
@@ -197,7 +198,8 @@ def spawn_ranks(
     beside the world (elastic.events join@S) with JOINER_ENV set to 0, 1, ...; they prepare, wait for their step
     boundary and enter the world then (orchestrator/joiner.py); joiner k's log is rank{world_size + k}.log.
     `join_config`: the job admits `elastic.join=RUN_DIR` processes, which run with this resolved config: run_dir/join.json
-    says where the job's store is while the ranks run (launch/join_file.py). `replicas` (elastic.replicas=1) and
+    says where the job's store is while the ranks run (launch/join_file.py). A joiner (of either kind) that dies before
+    the world admits it is dropped, and the run goes on; one that dies after is a lost rank (launch/joiner_watch.py). `replicas` (elastic.replicas=1) and
     `checkpoint_recovery` (elastic.recover_from_checkpoint): a rank that dies does not stop the run where the survivors
     can rebuild its state from the replicas or from a complete checkpoint under run_dir/checkpoints (launch/lost_ranks.py)."""
     gpus = visible_gpu_count()
@@ -234,6 +236,7 @@ def spawn_ranks(
     pumps: list[threading.Thread] = []
     exits: queue.Queue[tuple[int, float]] = queue.Queue()  # (rank, when) in the order they exited
     failed_rank: int | None = None
+    dropped: set[int] = set()  # joiners that died before the world admitted them
     try:
         for rank in range(processes):  # every rank starts before any thread of ours does: forking stays safe
             rank_env = {**_rank_env(rank, world_size, port, run_ident, env), **_output_env(run_dir, rank)}
@@ -259,15 +262,26 @@ def spawn_ranks(
             threading.Thread(target=_report_exit, args=(rank, proc, exits), daemon=True).start()
         view.start()  # the live display's thread starts after the forks, as ours do
 
-        finished, exit_time, lost_why = 0, 0.0, None
+        finished, exit_time, lost_why, joined_why = 0, 0.0, None, None
         losses = LossHandler(world_size, port, replicas, run_dir / "checkpoints" if checkpoint_recovery else None) \
             if replicas or checkpoint_recovery else None
-        while not stop_signal and failed_rank is None and finished < processes:
+        watch, looked = JoinerWatch(world_size, port), time.monotonic()
+        while not stop_signal and failed_rank is None and joined_why is None and finished < processes:
+            if join_config is not None and time.monotonic() - looked > JOINERS_POLL_S:  # elastic.join processes
+                looked = time.monotonic()
+                for name in watch.poll():
+                    joined_why = joined_why or losses.on_deaths([name], time.time()) if losses is not None else (
+                        f"{name}, a rank of the world since its join, died; without elastic.replicas=1 (or "
+                        "elastic.recover_from_checkpoint) a lost rank stops the run. Resume it with trainer.resume=auto.")
             try:
                 rank, when = exits.get(timeout=_POLL_S)
             except queue.Empty:
                 continue
             finished += 1
+            if rank >= world_size and procs[rank].returncode != 0 and \
+                    watch.launched_exit(rank, _exit_code(procs[rank].returncode)) is None:
+                dropped.add(rank)  # a joiner that never entered: the world goes on without it
+                continue
             if procs[rank].returncode != 0 and losses is not None:
                 deaths = settle((rank, when), lambda left: _next_exit(exits, left))
                 finished += len(deaths) - 1
@@ -295,8 +309,8 @@ def spawn_ranks(
         if any(p.poll() is None for p in procs):  # an exception of our own above: leave nothing behind
             _stop_groups(procs, grace_s)
             clean_shm_segments(run_ident)
-        lost = losses.lost_processes if losses is not None else set()
-        if not stop_signal and failed_rank is None and procs and all(p.returncode == 0 for i, p in enumerate(procs)
+        lost = (losses.lost_processes if losses is not None else set()) | dropped
+        if not stop_signal and failed_rank is None and joined_why is None and procs and all(p.returncode == 0 for i, p in enumerate(procs)
                                                                      if i not in lost):
             view.status(f"finished in {view.elapsed}; output in {run_dir}, rank logs in {log_dir(run_dir)}")
         view.close()
@@ -304,6 +318,9 @@ def spawn_ranks(
     if stop_signal:
         print(f"rlhf_dyna: stopped all {world_size} ranks on signal {stop_signal[0]}.", file=sys.stderr)
         return 128 + stop_signal[0]
+    if joined_why is not None:
+        print(f"rlhf_dyna: {joined_why}", file=sys.stderr)
+        return 1
     if failed_rank is not None and lost_why is not None:
         print(f"rlhf_dyna: {lost_why}", file=sys.stderr)
         return _exit_code(procs[failed_rank].returncode)

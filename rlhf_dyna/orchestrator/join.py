@@ -5,9 +5,10 @@ which the joiners extend), and the run goes on with the same global batch.
 The joining processes start with the job and prepare while the world trains (orchestrator/joiner.py: task,
 tokenizer, model skeletons on meta, under colocate a vLLM engine in a private world of one). At the boundary after
 step S:
-1. the old world plans the new one (elastic.membership.world_after, `joining` ranks), waits on the job's store until
-   its joiners are prepared (`wait_seconds`: ~0 when they were ready in time), and rank 0 admits them
-   (elastic.join_world);
+1. the old world waits on the job's store until its joiners are prepared (`wait_seconds`: ~0 when they were ready in
+   time) or gone (the launcher found the process dead), rank 0 admits those alive (elastic.join_world: a joiner that
+   died before is dropped, with a line naming it; where none is left the world goes on unchanged) and tells the
+   others, and the world plans the new one (elastic.membership.world_after, `joining` ranks);
 2. every process releases vLLM's groups and its default group (the old world's, or a joiner's private one; the vLLM
    engines stay) and enters the new default group over `rlhf_dyna/world<generation>`: the old ranks keep their
    numbers, the joiners come after them (over the groups built in the background during the step before,
@@ -33,8 +34,9 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.nn import Module
 
-from ..elastic.join_world import Admission, admit, wait_ready
-from ..elastic.membership import NewWorld, WorldChange, world_after
+from ..elastic.faults import kill_point
+from ..elastic.join_world import GONE, Admission, admit, claim, fate, refuse, wait_settled
+from ..elastic.membership import MembershipError, NewWorld, WorldChange, world_after
 from ..elastic.world_prebuild import WorldBuild, configured_backend, record_world, world_metrics
 from ..elastic.world_switch import enter_new_world
 from ..parallel_layout import ParallelLayout
@@ -76,6 +78,7 @@ class Handover:
     task_state: dict
     kl_ctl: object
     joiners_before: int  # joiner processes admitted so far, this change's included
+    engine_tp: int  # the old world's vLLM engines' tp (a joiner's is 1)
     runtime_state: dict  # Runtime.handover_state of the actor's first rank
 
 
@@ -90,7 +93,7 @@ def handover(runtime, membership: Membership, new: NewWorld, step: int, name: st
     roles = {move.role: blueprint(getattr(runtime, move.role)) for move in new.moves}
     return Handover(name, new, runtime.layout, roles, step, run.rng, random.getstate(), torch.get_rng_state(),
                     getattr(run.task, "state_dict", dict)(), run.kl_ctl, membership.joiners_before,
-                    runtime.handover_state())
+                    runtime.rollout_layout.tp, runtime.handover_state())
 
 
 def shared(h: Handover | None) -> Handover:
@@ -145,7 +148,7 @@ def grow(runtime, membership: Membership, h: Handover, engines: dict, skeletons:
     grown, moved, rounds = spread(runtime, h, staged, skeletons, layout, mesh)
     moved_at = time.perf_counter()
     membership.placement, membership.joiners_before = h.new.placement, h.joiners_before
-    runtime.reform_rollout()  # colocate: the same engine, in a larger DP group
+    runtime.reform_rollout(h.new.change, h.engine_tp, h.new.rollout_tp)
     runtime.enter_world(layout, grown)
     runtime.sync_weights()
     return {"meshes_seconds": meshed_at - started, "background": float(background),
@@ -164,15 +167,21 @@ def admit_joiners(runtime, membership: Membership, joiners: list[str], step: int
     the change's metrics (elastic/join/*), on the ranks of the new world. `scripted`: an elastic.events join (its
     joiners count in membership.joiners_before), else elastic.join=RUN_DIR requests. `build`: the new world's groups,
     built in the background where the join was known a step ahead."""
-    started, rank, world, joining = time.perf_counter(), dist.get_rank(), dist.get_world_size(), len(joiners)
+    started, rank, world = time.perf_counter(), dist.get_rank(), dist.get_world_size()
+    waited, prepared = wait_settled(membership.store, joiners)
+    membership.joiners_before += len(joiners) if scripted else 0
+    joiners = admitted(membership, joiners, name)
+    if not joiners:
+        if build is not None:
+            build.close()  # its groups were of a world with the joiners
+        return {}
+    joining = len(joiners)
     new = joined_world(membership, joining)  # a scripted join was checked before spawn, a request by rank 0
-    waited, prepared = wait_ready(membership.store, joiners)
-    membership.joiners_before += joining if scripted else 0
     h = handover(runtime, membership, new, step, name) if rank == runtime.actor_first_rank else None
     if runtime.actor_first_rank != 0:  # split: the training roles and the KL controller are the training set's
         h = runtime.from_actor(h)
     membership.generation += 1
-    if rank == 0:
+    if rank == 0:  # claimed by admitted(): from now on each is a rank of the new world
         for i, joiner in enumerate(joiners):
             admit(membership.store, joiner, Admission(membership.generation, world + i, world + joining, step))
     backend = configured_backend()
@@ -199,6 +208,32 @@ def admit_joiners(runtime, membership: Membership, joiners: list[str], step: int
             **{f"elastic/join/{key}": value for key, value in timings.items()}}
 
 
+def admitted(membership: Membership, joiners: list[str], name: str) -> list[str]:
+    """Collective over the old world: the joiners rank 0 admits, those still alive (claimed on the job's store before
+    the launcher could mark them gone); the dead ones dropped with a line naming them (and the rest refused where the
+    global batch does not split over the smaller world)."""
+    box = [joiners]
+    if dist.get_rank() == 0:
+        store = membership.store
+        alive = [j for j in joiners if fate(store, j) != GONE and claim(store, j)]
+        dead = [j for j in joiners if j not in alive]
+        if dead:
+            print(f"rlhf_dyna: {name}: {', '.join(dead)} died before the world admitted {'it' if len(dead) == 1 else 'them'}"
+                  f"; {'the world goes on with' if not alive else 'admitting ' + ', '.join(alive) + ' to'} "
+                  f"{dist.get_world_size() + len(alive)} ranks", flush=True)
+        try:
+            alive and joined_world(membership, len(alive))
+        except MembershipError as err:
+            why = f"{err} ({', '.join(dead)} died before the join.) The job goes on with {dist.get_world_size()} ranks."
+            print(f"rlhf_dyna: join of {', '.join(alive)} refused: {why}", flush=True)
+            for joiner in alive:
+                refuse(store, joiner, why)
+            alive = []
+        box = [alive]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def enter_as_joiner(runtime, membership: Membership, admission: Admission, skeletons: dict[str, Module]) -> Handover:
     """A joiner at its boundary: leave the private world, enter the new one, take the loop's state and its share of
     every role (collective with the old world's `admit_joiners`)."""
@@ -209,5 +244,6 @@ def enter_as_joiner(runtime, membership: Membership, admission: Admission, skele
     enter_new_world(membership.store, admission.generation, admission.rank, admission.world_size, backend, build)
     h = shared(None)
     take_over(runtime, h)
+    kill_point("join/move", runtime.run.dist_info.rank, runtime.run.dist_info.run_ident)  # tests: dead in the move
     grow(runtime, membership, h, {}, skeletons, build)
     return h

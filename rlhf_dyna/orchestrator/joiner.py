@@ -24,9 +24,10 @@ import torch
 
 from ..config import Config
 from ..elastic.events import Event, joiner_slots
+from ..elastic.faults import kill_point
+from ..elastic.join_world import (Admission, NotAdmitted, announce_pid, announce_ready, enter_private_world,
+                                  job_client_store, joiner_name, mark_exited, request_name, wait_admission)
 from ..elastic.placement import REWARD_MODEL
-from ..elastic.join_world import (Admission, NotAdmitted, announce_ready, enter_private_world, job_client_store,
-                                  joiner_name, request_name, wait_admission)
 from ..elastic.sigterm import LeaveOnSigterm
 from ..elastic.world_prebuild import build_of_payload
 from ..launch import DistInfo
@@ -56,27 +57,32 @@ def run_joiner(cfg: Config, out_dir: Path, index: int | None) -> None:
     scripted = joiner_slots(membership.events)
     name = joiner_name(index) if index is not None else request_name(store)
     process = cfg.parallel.world_size + (index if index is not None else len(scripted) + int(name.removeprefix("request")))
+    announce_pid(store, name, os.getpid())  # the launcher watches it: its death before admission drops it
     event = scripted[index][0] if index is not None else None
     run = make_run(cfg, out_dir, joiner_dist_info(cfg, process, name, store, index is not None))
     runtime = RUNTIMES[runtime_name(cfg.placement)](run)  # colocate or split: checks/elastic.py refuses the others
     runtime.prepare_to_join(membership, model_dir(run, name) if runtime.joiner_generates else None, process)
     models = skeletons(cfg, run)
     built = time.perf_counter() - started
+    kill_point("join/prepare", process, run.dist_info.run_ident)  # tests: a joiner dead before it is ready
     announce_ready(store, name, built)
     print(f"rlhf_dyna: {name} (pid {os.getpid()}) prepared in {built:.2f} s; waiting for "
           f"{event.text if event is not None else 'the next step boundary'}", flush=True)
     def build(plan: dict) -> None:  # the world it enters, posted a step ahead: its groups built while it waits
         membership.build = build_of_payload(plan)
 
+    kill_point("join/wait", process, run.dist_info.run_ident)  # tests: a joiner dead while it waits for admission
     try:
         admission = wait_admission(store, name, build)
     except NotAdmitted:
         runtime.close(failed=False)  # vLLM's own shutdown in the private world, before that world goes at exit
+        mark_exited(store, name)
         raise
     run.start_step = admission.step
     print(f"rlhf_dyna: {name} joins after step {admission.step} as rank {admission.rank} of {admission.world_size}",
           flush=True)
     run_steps(run, runtime, lambda: enter(runtime, membership, admission, models, event))
+    mark_exited(store, name)  # trained to the end, or left the world: its end is no loss
 
 
 def enter(runtime: Runtime, membership: Membership, admission: Admission, models: dict,

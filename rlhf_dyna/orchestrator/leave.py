@@ -62,7 +62,7 @@ def left_world(membership: Membership, leaving: tuple[int, ...]) -> NewWorld:
     """The world after `leaving` leave the current one (MembershipError: it cannot be, or not live)."""
     change = WorldChange(dist.get_world_size(), leaving)
     new = world_after(membership.placement, membership.preferred, membership.rollout_tp, membership.batch, change)
-    why = live_refusal(change, membership.rollout_tp, new.rollout_tp, store_host_rank(launching=False))
+    why = live_refusal(change, store_host_rank(launching=False))
     if why is not None:
         raise MembershipError(why)
     return new
@@ -170,7 +170,7 @@ def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name
     engines = engines_on(layout, staged, mesh)
     copied_at = time.perf_counter()
     membership.placement = new.placement
-    runtime.reform_rollout()  # colocate: the same engine, in a smaller DP group
+    runtime.reform_rollout(new.change, runtime.rollout_layout.tp, new.rollout_tp)
     runtime.enter_world(layout, engines)
     runtime.sync_weights()
     if dist.get_rank() == 0 and runtime.run.tracker is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from ..elastic.events import Event
-from ..elastic.join_world import is_ready, joiner_name, post_plan, refuse, request, requests_so_far
+from ..elastic.join_world import fate, is_ready, joiner_name, post_plan, refuse, request, requests_so_far
 from ..elastic.membership import MembershipError
 from ..elastic.world_builder import builds_in_background
 from ..elastic.world_prebuild import WorldBuild, WorldPlan, mesh_groups, plan_payload
@@ -87,19 +87,24 @@ def agreed_requests(membership: Membership) -> list[str]:
     box: list = [[[], membership.requests_seen]]
     if dist.get_rank() == 0:
         store, names = membership.store, []
+        seen = membership.requests_seen
         for n in range(membership.requests_seen, requests_so_far(store)):  # in order: one still preparing waits
+            if fate(store, request(n)) is not None:  # dead first (the launcher saw it), or claimed in a lost world
+                seen = n + 1
+                continue
             if not is_ready(store, request(n)):
                 break
             names.append(request(n))
+            seen = n + 1
         try:
             agreed = names if names and joined_world(membership, len(names)) else []
-            box = [[agreed, membership.requests_seen + len(names)]]
+            box = [[agreed, seen]]
         except MembershipError as err:
             why = f"{err} The job goes on with {dist.get_world_size()} ranks."
             print(f"rlhf_dyna: join of {', '.join(names)} refused: {why}", flush=True)
             for name in names:
                 refuse(store, name, why)
-            box = [[[], membership.requests_seen + len(names)]]
+            box = [[[], seen]]
     dist.broadcast_object_list(box, src=0)
     names, membership.requests_seen = box[0]
     return names

@@ -24,7 +24,8 @@ The next step logs elastic/recovery/{seconds,steps_lost,bytes_moved,source,...}.
 
 A lost rank may come back through elastic.join=RUN_DIR (orchestrator/join.py): at the end of the step before that
 boundary the snapshot's send is finished (the join destroys every group), and at the end of the first step in the
-grown world every rank, the joiner included, forms the ring over it and takes a snapshot at once.
+grown world every rank, the joiner included, forms the ring over it and takes a snapshot at once; a joiner lost
+before that goes back to the snapshot's world (orchestrator/snapshot_world.py), an old rank cannot (RecoveryImpossible).
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ from .checkpoint_recovery import load_in_place, newest_complete
 from .membership import global_batch
 from .placements import placement_request
 from .run import Run
+from .snapshot_world import EngineTemplate, SnapshotWorld, joiner_gone, only_joiners_lost, snapshot_world_again
 
 ROLES = ("actor", "critic", "reference")
 ANNOUNCED_WITHIN_S = 30.0  # an error with no lost rank announced by then was not a lost rank's: it is re-raised
@@ -79,12 +81,13 @@ class LoopState:
     task_state: dict
     kl_ctl: object
     world: int  # the world whose ring holds this snapshot's replicas
+    where: SnapshotWorld | None = None  # that world's placement and layout
 
     @classmethod
-    def of(cls, run: Run, step: int) -> LoopState:
+    def of(cls, run: Run, step: int, where: SnapshotWorld | None = None) -> LoopState:
         return cls(step, copy.deepcopy(run.rng), random.getstate(), torch.get_rng_state(),
                    copy.deepcopy(getattr(run.task, "state_dict", dict)()), copy.deepcopy(run.kl_ctl),
-                   dist.get_world_size())
+                   dist.get_world_size(), where)
 
     def restore(self, run: Run) -> None:
         run.rng, run.kl_ctl = copy.deepcopy(self.rng), copy.deepcopy(self.kl_ctl)
@@ -140,6 +143,7 @@ class Recovery:
         self.placement: Placement = make_placement(request)
         self.preferred, self.batch = request.train, global_batch(cfg)
         self.roles: dict[str, RoleSnapshot] = {}
+        self.templates: dict[str, EngineTemplate] = {}  # each role's engine as of the last snapshot
         self.loop: LoopState | None = None
         self.staged: tuple[dict[str, RoleSnapshot], LoopState] | None = None  # received, not yet committed
         self.watchdog = Watchdog()
@@ -175,8 +179,11 @@ class Recovery:
         previous send's elastic/snapshot/{seconds,bytes,host_bytes,replica_bytes}."""
         waited = self.finish_sending()
         start = time.perf_counter()
-        roles = {role: take_snapshot(getattr(runtime, role)) for role in ROLES if getattr(runtime, role) is not None}
-        loop = LoopState.of(run, step)
+        engines = {role: getattr(runtime, role) for role in ROLES if getattr(runtime, role) is not None}
+        roles = {role: take_snapshot(engine) for role, engine in engines.items()}
+        self.templates = {role: EngineTemplate.of(e, self.templates.get(role)) for role, e in engines.items()}
+        membership = getattr(runtime, "membership", None)
+        loop = LoopState.of(run, step, SnapshotWorld(getattr(membership, "placement", self.placement), runtime.layout))
         self.recorder = runtime.recorder
         copied = time.perf_counter() - start
         self.sender = threading.Thread(target=self._send, args=(roles, loop, start, copied), daemon=True,
@@ -259,23 +266,28 @@ class Recovery:
         self.watchdog.rearm()
         if self.snapshots:
             self.side = dist.new_group(backend="gloo")
-        membership = getattr(runtime, "membership", None)  # the joins' placement, where the run admits them
-        placement = membership.placement if membership is not None else self.placement
-        new = world_after(placement, self.preferred, self.cfg.rollout.tp, self.batch, WorldChange(old_world, lost))
+        membership, served = getattr(runtime, "membership", None), None  # no replica serves a checkpoint's load
+        if source == "replicas":
+            self.newest_snapshot(lost, old_world, step, err)
+            served = Served(lost, old_world)
+        if source == "replicas" and self.loop.world != old_world:  # only joiners lost: the snapshot's world again
+            new = snapshot_world_again(WorldChange(old_world, lost), self.loop.where, self.roles, self.cfg.rollout.tp)
+            served = Served((), self.loop.world)
+        else:  # the placement of the joins, where the run admits them
+            new = world_after(getattr(membership, "placement", self.placement), self.preferred, self.cfg.rollout.tp,
+                              self.batch, WorldChange(old_world, lost))
         layout = new.layout.fill(size)
 
         def reform_rollout() -> None:  # the same engine, one replica fewer per lost rank
             reform(runtime.rollout, new_rank, size)
 
-        if source == "replicas":
-            self.newest_snapshot(lost, old_world, step, err)
         entered = time.perf_counter()
         if source == "checkpoint":
             back_to, moved, whence = self.from_checkpoint(run, runtime, layout, reform_rollout, lost, step, err)
             restored = rolled = time.perf_counter()  # the load is the move; the rollout is re-formed inside it
         else:
             back_to, moved, whence, restored = self.from_replicas(run, runtime, new, layout, reform_rollout,
-                                                                  lost, old_world)
+                                                                  served)
             rolled = time.perf_counter()
         self.placement, self.ring_world = new.placement, size
         took_over = run.rolled_back(back_to)  # metrics.jsonl from the next step; rank 0 lost: its successor's sinks
@@ -320,24 +332,22 @@ class Recovery:
         if self.loop is None or not self.roles:
             raise RecoveryImpossible(f"rank {list(lost)} lost during step {step}, before the first snapshot: no "
                                      f"replica holds its state yet") from err
-        if self.loop.world != old_world:
+        if self.loop.world != old_world and not only_joiners_lost(lost, old_world, self.loop.world):
             raise RecoveryImpossible(f"rank {list(lost)} of {old_world} lost during step {step}, the first step "
                                      f"after a join: the newest snapshot is of the {self.loop.world}-rank world "
-                                     f"before it") from err
+                                     f"before it, which the lost ranks were part of") from err
 
-    def from_replicas(self, run: Run, runtime, new, layout, reform_rollout, lost: tuple[int, ...],
-                      old_world: int) -> tuple[int, int, str, float]:
-        """Every role rebuilt from the survivors' snapshot copies and the lost ranks' replicas, the rollout re-formed
-        and synced, the loop rolled back: (the snapshot's step, bytes moved, what was done, when the move ended)."""
-        engines, moved = self.restore_replicas(runtime, new, layout, Served(lost, old_world))
+    def from_replicas(self, run: Run, runtime, new, layout, reform_rollout, served: Served) -> tuple[int, int, str, float]:
+        """Every role rebuilt from the survivors' snapshot copies and the lost ranks' replicas (`served`), the rollout
+        re-formed and synced, the loop rolled back: (the snapshot's step, bytes moved, what was done, when moved)."""
+        engines, moved = self.restore_replicas(runtime, new, layout, served)
         restored = time.perf_counter()
         reform_rollout()
         runtime.enter_world(layout, engines)
         runtime.sync_weights()
         self.loop.restore(run)
-        holders = ", ".join(str(holder_of(r, old_world)) for r in lost)
-        whence = (f"rebuilt its state from the replicas on rank {holders} and the survivors' own shards "
-                  f"({moved / 2**20:,.2f} MiB moved)")
+        whence = (f"rebuilt its state from the replicas on rank {', '.join(str(holder_of(r, served.world_size)) for r in served.lost)} and the survivors' own shards "
+                  f"({moved / 2**20:,.2f} MiB moved)" if served.lost else joiner_gone(served.world_size))
         return self.loop.step, moved, whence, restored
 
     def restore_replicas(self, runtime, new, layout, served: Served) -> tuple[dict, int]:
@@ -345,8 +355,9 @@ class Recovery:
         survivors' own snapshot copies and the lost ranks' replicas; the engines and the bytes moved between ranks."""
         mesh, engines, moved = build_mesh(layout), {}, 0
         for move in new.moves:
-            old = getattr(runtime, move.role)
-            engines[move.role] = empty_engine_like(old, layout, mesh, meta_skeleton(old.model))
+            old = getattr(runtime, move.role)  # None inside a join: the move had taken it
+            engines[move.role] = (empty_engine_like(old, layout, mesh, meta_skeleton(old.model)) if old is not None
+                                  else self.templates[move.role].empty(layout, mesh))
             done = restore_role(self.roles[move.role], engines[move.role], move.dst, served,
                                 recorder=runtime.recorder)
             moved += done.bytes_moved

@@ -199,6 +199,11 @@ class VLLMRollout:
         spend (it runs when the engine is collected, from a finalizer, which is detached here); its /dev/shm segments
         are removed by the rank's exit hook (launch/rank.py)."""
         dist.barrier()
+        self.discard()
+
+    def discard(self) -> None:
+        """Let the engine go without vLLM's shutdown, which would destroy the default process group (a new world's,
+        after a change of world) and collect the whole heap: its finalizer detached, its memory freed with it."""
         finalizer = getattr(self.llm.llm_engine.engine_core, "_finalizer", None)  # vLLM's in-process client
         if finalizer is not None:
             finalizer.detach()

@@ -2,12 +2,15 @@
 
 Only rank 0 creates a Tracker (the orchestrator gathers metrics there first); constructing one
 on another rank of an initialised process group raises, so metrics are never written twice.
+Every Tracker of one output directory logs into one wandb run (its id kept in wandb/run_id): a
+rank 0 that took over (the old one lost or left) and a trainer.resume in the same directory resume it.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ from rlhf_dyna.tracking.console import CONSOLE_KEYS, CONSOLE_MODES, ConsoleSink
 WANDB_MODES: tuple[str, ...] = ("offline", "online", "disabled")
 WANDB_KEYS: frozenset[str] = frozenset({"wandb_mode", "project", "run_name", "console", "transition_trace", "trace_syncs", "sample_log"})
 METRICS_FILE = "metrics.jsonl"
+WANDB_RUN_ID = "wandb/run_id"  # under the output directory
 
 
 def _assert_rank_zero() -> None:
@@ -67,6 +71,7 @@ class Tracker:
         self._jsonl = (self.output_dir / METRICS_FILE).open("a", encoding="utf-8")
         self._last_step: int | None = after_step
         self._console = ConsoleSink(total_steps, console_keys) if console != "off" else None
+        self._wandb_floor: int | None = None  # the last step wandb was sent before a rewind
         self._wandb_run = self._init_wandb(dict(wandb_cfg or {"wandb_mode": "disabled"}), run_config)
 
     def _init_wandb(self, cfg: dict[str, Any], run_config: Mapping[str, Any] | None) -> Any:
@@ -81,6 +86,8 @@ class Tracker:
         import wandb  # slow import, only when wandb is used
 
         return wandb.init(
+            id=wandb_run_id(self.output_dir),
+            resume="allow",  # a later rank 0 of this run goes on in the same wandb run
             mode=mode,
             project=cfg.get("project", "rlhf_dyna"),
             name=cfg.get("run_name"),
@@ -101,6 +108,8 @@ class Tracker:
         steps after it are logged again, and metrics.jsonl drops its rows of them, so that it holds each step once
         (a wandb run keeps what it was sent; it takes no step twice)."""
         if self._last_step is not None:
+            floor = self._wandb_floor
+            self._wandb_floor = self._last_step if floor is None else max(floor, self._last_step)
             self._last_step = min(self._last_step, step)
         self._jsonl.close()
         drop_rows_after(self.output_dir / METRICS_FILE, step)
@@ -117,8 +126,8 @@ class Tracker:
         record = {"step": step, **{key: _json_value(v) for key, v in values.items()}}
         self._jsonl.write(json.dumps(record, allow_nan=False) + "\n")
         self._jsonl.flush()
-        if self._wandb_run is not None:
-            self._wandb_run.log(values, step=step)
+        if self._wandb_run is not None and (self._wandb_floor is None or step > self._wandb_floor):
+            self._wandb_run.log(values, step=step)  # a redone step: wandb keeps the first values it was sent
         if self._console is not None:
             self._console.log(step, values)
 
@@ -144,6 +153,18 @@ class Tracker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def wandb_run_id(output_dir: Path) -> str:
+    """The wandb run id of the run in `output_dir`: the one kept there, or a new one kept there from now on."""
+    path = output_dir / WANDB_RUN_ID
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with path.open("x", encoding="utf-8") as f:  # x: two rank 0s never write two ids
+            f.write(secrets.token_hex(4))  # wandb's own ids: 8 characters of [a-z0-9]
+    except FileExistsError:
+        pass
+    return path.read_text(encoding="utf-8").strip()
 
 
 def drop_rows_after(path: Path, step: int) -> int:

@@ -147,9 +147,10 @@ class Runtime(ABC):
     def leave_job(self) -> None:
         """This rank has left the job, its state sent: what `close` must leave alone (nothing by default)."""
 
-    def reform_rollout(self) -> None:
-        """In the new world, before `enter_world`: the rollout engine's groups over it (none by default: engines
-        outside the world stay as they are)."""
+    def reform_rollout(self, change, engine_tp: int, tp: int) -> None:
+        """Collective over the new world of `change` (elastic.membership.WorldChange), before `enter_world`: the
+        rollout engines of `engine_tp` over it, at rollout tp `tp` (nothing by default: engines outside the world stay
+        as they are)."""
 
     def enter_world(self, layout, engines: dict) -> None:
         """In the new world: this rank's engines (role -> engine; roles it does not hold are absent) on `layout`."""

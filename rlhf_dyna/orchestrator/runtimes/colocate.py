@@ -7,6 +7,7 @@ into vLLM's layout after every step (`reshard/train_to_rollout/*`).
 """
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -14,6 +15,7 @@ import torch.distributed as dist
 
 from ...elastic.placement import WEIGHT_SYNC
 from ...elastic.join_world import job_client_store
+from ...elastic.membership import engines_kept
 from ...parallel_layout import ParallelLayout, RolloutLayout, reached_by, switch_at
 from ...rollout.context_length import max_model_len
 from ...rollout.gpu_defaults import engine_args
@@ -50,15 +52,26 @@ class ColocateRuntime(Runtime):
         self.recorder = self._recorder(WEIGHT_SYNC)
         self.sync = self.make_sync()
 
-    def start_rollout(self, load_format: str = "auto") -> VLLMRollout:
-        """This rank's vLLM engine over the current world, opening `self.model_dir` ("dummy": its config only)."""
+    def start_rollout(self, load_format: str = "auto", tp: int | None = None,
+                      replicas: int | None = None) -> VLLMRollout:
+        """This rank's vLLM engine of `tp` (rollout.tp) over the current world, opening `self.model_dir` ("dummy": its
+        config only); `replicas`: how many share a step's samples (the world's replicas), which sizes its KV cache."""
         cfg = self.cfg
+        tp = tp or cfg.rollout.tp
         return VLLMRollout(
-            str(self.model_dir), tp=cfg.rollout.tp, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
+            str(self.model_dir), tp=tp, seed=cfg.trainer.seed, max_model_len=max_model_len(cfg),
             expert_parallel=cfg.rollout.expert_parallel, load_format=load_format,
             **engine_args(cfg, self.run.dist_info.device.type, colocated=True,
-                          replicas=cfg.parallel.world_size // cfg.rollout.tp),
+                          replicas=replicas or dist.get_world_size() // tp),
         )
+
+    def restart_rollout(self, tp: int) -> None:
+        """Collective over a new world whose change moved the engines' tp or a rank's place in a TP group: a new
+        engine of `tp` in place of this rank's (whose groups are released already); the next weight sync fills it."""
+        self.rollout.discard()
+        self.rollout = None
+        gc.collect()  # the old engine's weights and KV cache, before the new one takes its own
+        self.rollout = self.start_rollout(load_format="dummy", tp=tp)
 
     def prepare_to_join(self, membership: Membership, model_dir, process: int) -> None:
         """A joining process, before its world exists: what start() builds without the world (orchestrator/joiner.py).
@@ -66,7 +79,9 @@ class ColocateRuntime(Runtime):
         cfg = self.cfg
         self.layout = cfg.parallel.train_layout(master_weights=cfg.model.dtype != "float32")
         self.schedule, self.membership, self.model_dir = cfg.parallel.layout_schedule(), membership, model_dir
-        self.rollout = self.start_rollout(load_format="dummy")  # the first weight sync fills every weight
+        # a replica of its own (tp 1) until the boundary, where a tp > 1 world starts new engines; the first weight
+        # sync fills every weight
+        self.rollout = self.start_rollout(load_format="dummy", tp=1, replicas=cfg.parallel.world_size)
         self.scorer = make_scorer(cfg, self.run.task, self.run.tokenizer, build=False)  # its engine comes by plan
         # vLLM's first generate pays one-off costs (kernels, buffers): here, in the background, not in the new world
         run, share = self.run, max(1, cfg.task.prompts_per_step // cfg.parallel.world_size)  # about a replica's prompts
@@ -75,8 +90,10 @@ class ColocateRuntime(Runtime):
         self.recorder = self._recorder(WEIGHT_SYNC)
 
     def world_rollout_layout(self) -> RolloutLayout:
-        """vLLM over the whole world: one replica per rollout.tp ranks."""
-        return RolloutLayout(dist.get_world_size(), self.cfg.rollout.tp, expert_parallel=self.cfg.rollout.expert_parallel)
+        """vLLM over the whole world: one replica per tp ranks (rollout.tp, or the tp a change of world gave the
+        engines)."""
+        tp = self.rollout.tp if self.rollout is not None else self.cfg.rollout.tp
+        return RolloutLayout(dist.get_world_size(), tp, expert_parallel=self.cfg.rollout.expert_parallel)
 
     def make_sync(self):
         # only the VPS executor has rounds to trace; naive's gathers are not traced
@@ -86,8 +103,13 @@ class ColocateRuntime(Runtime):
     def leave_job(self) -> None:
         self.rollout = None  # its engine goes with the process: its groups are gone, no shutdown can run
 
-    def reform_rollout(self) -> None:
-        reform(self.rollout, dist.get_rank(), dist.get_world_size())  # the same engine, in the new world's DP group
+    def reform_rollout(self, change, engine_tp: int, tp: int) -> None:
+        """Every rank's engine re-formed over the new world where it keeps its tp and place in its TP group (a DP
+        group one replica smaller or larger), else a new engine of `tp` on every rank."""
+        if engines_kept(change, engine_tp, tp):
+            reform(self.rollout, dist.get_rank(), dist.get_world_size())
+        else:
+            self.restart_rollout(tp)
 
     def enter_world(self, layout: ParallelLayout, engines: dict) -> None:
         """After a membership change (orchestrator/leave.py, which re-formed the rollout engine's groups): this rank's

@@ -1,6 +1,6 @@
 """End to end: lost ranks whose state no surviving replica holds are survived from the newest complete checkpoint in
 place, without a restart (orchestrator/checkpoint_recovery.py, launch/lost_ranks.py); a failure during a recovery
-stops the run cleanly; a rank killed inside a weight sync is survived from the replicas. Real `kill -9` of real ranks
+stops the run cleanly; a rank killed inside a weight sync is survived from the replicas (dp4, and pp2 x dp2 into dp3). Real `kill -9` of real ranks
 (4 gloo ranks, placement=colocate); the moments a test cannot hit from outside are kills the rank makes on itself
 (elastic/faults.kill_point, RLHF_DYNA_KILL_AT).
 
@@ -94,11 +94,16 @@ def test_a_rank_lost_during_a_recovery_stops_the_run_cleanly_with_the_checkpoint
 
 
 @pytest.mark.timeout(600)
-def test_a_rank_killed_inside_a_weight_sync_is_survived_from_the_replicas(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["dp4", "pp2"])
+def test_a_rank_killed_inside_a_weight_sync_is_survived_from_the_replicas(grpo4_colocate, tmp_path: Path,
+                                                                          layout: str) -> None:
     """Launched rank 2 kills itself as step 3's trained weights go into vLLM (the other ranks are in the sync's
-    collectives): the survivors roll back to the step-2 snapshot and finish with exit code 0."""
+    collectives): the survivors roll back to the step-2 snapshot and finish with exit code 0, logging the same metrics
+    as the run whose world never changed. pp2 x dp2 training recovers into dp3 (pp 1 on 3 ranks)."""
     run_dir = tmp_path / "sync"
     args = [a for a in ARGS if not a.startswith(("trainer.total_steps=", "trainer.save_every="))]
+    if layout == "pp2":  # 1F1B needs a micro-batch per stage: 4 rows (the sft batch gives 8 per dp rank)
+        args = [a.replace("micro_batch_size=16", "micro_batch_size=4") for a in args] + ["parallel.train.pp=2"]
     proc = start(run_dir, *args, "trainer.total_steps=4", "trainer.save_every=0", *MODES["replicas"][0],
                  env={KILL_ENV: "weight_sync/step_3@2"})
     try:
@@ -115,3 +120,5 @@ def test_a_rank_killed_inside_a_weight_sync_is_survived_from_the_replicas(tmp_pa
     assert [r["step"] for r in rows] == list(range(5))
     assert rows[3]["elastic/recovery/source"] == 1.0 and rows[3]["elastic/recovery/steps_lost"] == 1.0
     assert [r.get("elastic/world_size") for r in rows[3:]] == [3.0, 3.0]
+    assert "training layout dp3xtp1-zero3 on 3 ranks" in (run_dir / "logs" / "rank0.log").read_text()
+    assert_same_metrics(grpo4_colocate[:5], rows)  # pp2's 4-row micro-batches: 3.6e-6 from dp4 by step 4

@@ -11,7 +11,8 @@ vLLM engine, and the joiner's loop state (prompt sampler, KL controller) came fr
 equal an independent count: element by element, what each rank of the new world needs and did not hold
 (tests/unit/elastic/test_membership_bytes.py's count, on the run's own model). With dp2 x tp2 training, two ranks leave
 and two joiners enter at one boundary (`join:2@6`), and the metrics match those of the dp2 x tp2 run without events;
-with pp2 x dp2 training the survivors train dp3 (pp 1) and the join returns to pp2 x dp2, matching the pp2 x dp2 run.
+with pp2 x dp2 training and rollout.tp=2 the survivors train dp3 (pp 1) and every rank starts a vLLM engine of tp 1
+at the leave, and the join returns to pp2 x dp2 with engines of tp 2, matching the run without events.
 """
 from __future__ import annotations
 
@@ -118,12 +119,15 @@ def test_ppo_the_critic_spreads_over_the_joiner_too(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(1200)
-def test_pipeline_parallel_training_drops_pp_at_a_leave_and_takes_it_back_at_a_join(tmp_path: Path) -> None:
-    """pp2 x dp2 training: 3 ranks take no pp but 1 (dp3), the join returns to pp2 x dp2, the joiner building its
-    pipeline stage from the broadcast settings; the same metrics as the pp2 x dp2 run without events (against the dp4
-    run, the pipeline's 4-row micro-batches alone drift to 2.5e-5 by step 8)."""
+def test_pipeline_training_and_rollout_tp_2_drop_at_a_leave_and_return_at_a_join(tmp_path: Path) -> None:
+    """pp2 x dp2 training with rollout.tp=2: 3 ranks take no pp but 1 (dp3) and generate with tp 1, so every rank
+    starts a new vLLM engine at the leave (three replicas) and again at the join (tp 2; the joiner's engine of its own
+    replaced), and the joiner builds its pipeline stage from the broadcast settings; the same metrics as the pp2 x
+    dp2, rollout tp 2 run without events (against the dp4 run, the pipeline's 4-row micro-batches alone drift to
+    2.5e-5 by step 8)."""
     # 1F1B needs a micro-batch per stage: 4 rows (the sft batch gives 8 per dp rank)
-    pp2 = [*[a.replace("micro_batch_size=16", "micro_batch_size=4") for a in ARGS], "parallel.train.pp=2"]
+    pp2 = [*[a.replace("micro_batch_size=16", "micro_batch_size=4") for a in ARGS], "parallel.train.pp=2",
+           "rollout.tp=2"]
     try:
         fixed_pp2 = run(tmp_path / "fixed", *pp2)
     finally:
@@ -134,3 +138,6 @@ def test_pipeline_parallel_training_drops_pp_at_a_leave_and_takes_it_back_at_a_j
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert "(4 -> 3 ranks); moved" in log and "training layout dp3xtp1-zero3" in log
     assert "training layout pp2xdp2xtp1-zero3" in log
+    starts = [line.split("(")[1].split(",")[0] for line in log.splitlines() if "starting vLLM" in line]
+    assert starts == ["tp=2", "tp=1", "tp=2"], starts
+    assert "starting vLLM (tp=2" in (run_dir / "logs" / "rank4.log").read_text()  # the joiner, in the new world

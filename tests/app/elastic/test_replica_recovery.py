@@ -7,10 +7,13 @@ roll back to the step-5 snapshot, and finish; exit code 0 and no process left. T
 the survivors should reach: the same run's checkpoint of step 5 (written before the kill) resumed on 3 ranks by
 `trainer.resume`, whose steps 6-8 must log the same losses, grad norms, rewards, lengths and eval (relative 1e-5).
 For grpo_tiny the lost rank then comes back: a new process started at the kill asks to join
-(`python -m rlhf_dyna elastic.join=RUN_DIR`), is admitted at a step boundary after the recovery, and the run ends at
-world 4 with the ring re-formed over it, both exit 0. Its preparation takes 20-60 s on 2 shared cores: the survivors
-are held (SIGSTOP) from the kill until it is prepared, so that a short run admits it. The steps after the join have
-no cheap reference (a 4-rank run resumed from a checkpoint of the join's step, which would have to be written).
+(`python -m rlhf_dyna elastic.join=RUN_DIR`), is admitted at a step boundary after the recovery, and the ring is
+re-formed over the 4 ranks; then the joiner is killed too (`kill -9` once the second step of the grown world is
+logged: the ring's first snapshot is committed), and the run survives that second loss from the ring over the regrown
+world (the joiner's shards from rank 0's replica) and ends at world 3, exit 0, each step once. The joiner's
+preparation takes 20-60 s on 2 shared cores: the survivors are held (SIGSTOP) from the kill until it is prepared, so
+that a short run admits it. The steps after the join have no cheap reference (a 4-rank run resumed from a checkpoint
+of the join's step, which would have to be written).
 `kill -9` of rank 0 (it writes metrics.jsonl and the console's lines) at a random point of step 6: the survivors
 recover as from any other rank's loss (rank 1 held rank 0's replica; the launcher serves the job's store), the old
 rank 1 opens the run's sinks as rank 0 of the new world, metrics.jsonl holds each step once (with snapshots every 2
@@ -40,7 +43,7 @@ from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
 
 STEPS, KILL_IN = 8, 6
-JOINED_STEPS = 10  # the recovery redoes step 6; the join comes at the boundary after step 6 or 7
+JOINED_STEPS = 11  # the recovery redoes step 6; the join comes after step 6 or 7, the joiner's kill 2 steps later
 ARGS = [a for a in GRPO4 if not a.startswith("trainer.total_steps=")] + [f"trainer.total_steps={STEPS}"]
 REPLICA_DUTY = "holds the replica"  # the line a rank announces its pid on (orchestrator/recovery.Recovery)
 REPLICAS = ["elastic.replicas=1", "elastic.snapshot_every=1", f"trainer.save_every={KILL_IN - 1}",
@@ -81,9 +84,20 @@ def run_and_kill(run_dir: Path, ranks: tuple[int, ...], after_step: int, at: flo
         out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - killed
     finally:
+        kill_marked(run_dir)  # a hung run: the launcher's stacks too (its working directory marks it)
         if proc.poll() is None:
             proc.kill()
-        kill_marked(run_dir)
+
+
+def grown_for(run_dir: Path, steps: int) -> bool:
+    """metrics.jsonl has `steps` rows logged in the regrown 4-rank world (a line being written is skipped)."""
+    rows = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return sum(r["step"] > KILL_IN and r.get("elastic/world_size") == 4.0 for r in rows) >= steps
 
 
 def rejoin(run_dir: Path, output: Path, started: list, survivors: list[int]) -> None:
@@ -111,9 +125,12 @@ def test_a_rank_killed_during_a_step_is_survived_from_the_replicas(tmp_path: Pat
     args.append(f"trainer.total_steps={steps}")
     run_dir, at, joiners = tmp_path / "killed", random.Random().uniform(0.05, 0.7), []
 
-    def after_kill() -> None:
+    def after_kill() -> None:  # the joiner, then its kill once the ring over the grown world holds a snapshot
         survivors = [announced_pid(run_dir, r, time.monotonic() + 10, REPLICA_DUTY) for r in (0, 1, 3)]
         rejoin(run_dir, tmp_path / "joiner.out", joiners, survivors)
+        wait_for(lambda: grown_for(run_dir, 2) or joiners[0].poll() is not None, "two steps in the grown world",
+                 time.monotonic() + 300)
+        os.kill(int((tmp_path / "joiner.out").read_text().split("request0 (pid ")[1].split(")")[0]), signal.SIGKILL)
 
     try:
         done, _ = run_and_kill(run_dir, (2,), KILL_IN - 1, at, *args, *REPLICAS,
@@ -133,13 +150,20 @@ def test_a_rank_killed_during_a_step_is_survived_from_the_replicas(tmp_path: Pat
     sizes = [r.get("elastic/world_size") for r in rows[KILL_IN:]]
     if regrow:
         out = (tmp_path / "joiner.out").read_text()
-        assert joiners[0].returncode == 0 and "trained with it to the end" in out, out[-3000:]
+        assert joiners[0].returncode == -9, out[-3000:]
         back = KILL_IN + sizes.index(4.0)  # the first step in the regrown world
-        assert KILL_IN < back < steps and sizes == [3.0] * (back - KILL_IN) + [4.0] * (steps - back + 1), sizes
+        grown = sizes.count(4.0)  # its steps logged before the joiner's loss (each once: the redone ones on 3 ranks)
+        assert KILL_IN < back < steps and sizes == [3.0] * (back - KILL_IN) + [4.0] * grown + \
+            [3.0] * (steps - back - grown + 1), sizes
         assert rows[back]["elastic/join/bytes_moved"] > 0 and rows[back]["elastic/join/seconds"] > 0
         # the ring over the grown world: a snapshot at once, the joiner's shards' replicas sent with the next step
         assert rows[back]["elastic/snapshot/ring_world"] == 4.0 and rows[back + 1]["elastic/snapshot/bytes"] > 0
         assert f"elastic/join/+1@{back - 1}: 1 rank joins (3 -> 4 ranks)" in (run_dir / "logs" / "rank0.log").read_text()
+        # the second loss: the joiner (rank 3 of the grown world), its shards from rank 0's replica on the 4-rank ring
+        assert "rank 3 of 4 lost (process request0)" in done.stderr, done.stderr[-3000:]
+        second = rows[back + grown]
+        assert second["elastic/recovery/source"] == 1.0 and second["elastic/recovery/bytes_moved"] > 0
+        assert f"rolled back to step {back + grown - 1}" in (run_dir / "logs" / "rank0.log").read_text()
         rows = rows[:back]  # compared below: the steps in the 3-rank world
     else:
         assert sizes == [3.0] * (STEPS - KILL_IN + 1)

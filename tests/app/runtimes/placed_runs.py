@@ -2,11 +2,14 @@
 the run), the settings that keep a placement's runs comparable with colocate's, and that comparison."""
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
+import time
 from pathlib import Path
 
+from rlhf_dyna.launch.output import STACKS_SIGNAL, log_dir
 from tests.app.app_runs import COMPARED, read_metrics, run_app
 from tests.app.marked_processes import marked_processes
 
@@ -52,5 +55,17 @@ def run(run_dir: Path, *args: str) -> list[dict]:
 
 
 def kill_marked(run_dir: Path) -> None:
-    for pid in marked_processes(str(run_dir)):  # a timeout kills only the launcher
-        os.kill(pid, signal.SIGKILL)
+    """SIGKILL what is left of the run (a timeout kills only the launcher), after asking each process for its Python
+    stacks (launch/output.stacks_on_signal), printed here: pytest shows them with the failure."""
+    pids = marked_processes(str(run_dir))
+    if not pids:
+        return
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, STACKS_SIGNAL)
+    time.sleep(1.0)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for path in sorted(log_dir(run_dir).glob("*.stacks")):
+        print(f"--- {path} (the last 6000 characters)\n{path.read_text(errors='replace')[-6000:]}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlhf_dyna.elastic.membership import (GlobalBatch, MembershipError, WorldChange, layout_candidates, layout_for,
-                                          live_refusal, world_after)
+                                          engines_kept, live_refusal, world_after)
 from rlhf_dyna.elastic.placement import (ACTOR, CRITIC, GENERATE, REFERENCE, ROLLOUT, TRAIN_ACTOR, TRAIN_CRITIC,
                                          RankSet)
 from rlhf_dyna.elastic.policies import PolicyRequest, make_placement
@@ -128,14 +128,15 @@ def test_rollout_tp_drops_only_where_the_set_requires():
     assert new.moves[0].dst == ParallelSpec(dp=3, rank_map=(0, 1, 3))
 
 
-def test_a_live_leave_keeps_every_survivors_vllm_tp_rank():
-    """rollout tp 2 on 8 ranks: a pair of consecutive ranks may leave anywhere; one rank, or a pair that moves a
-    survivor to the other half of a TP group, may not; rank 0 only where a launcher serves the store."""
-    assert live_refusal(WorldChange(8, (2, 3)), 2, 2) is None
-    assert live_refusal(WorldChange(8, (1, 2)), 2, 2) is None  # 3 -> 1, 4 -> 2: each keeps its place (rank mod 2)
-    assert "rank 2 would change its place in its vLLM TP group" in live_refusal(WorldChange(8, (1,)), 2, 2)
-    assert "would generate with rollout tp 1, but a live vLLM engine keeps rollout.tp=2" in \
-        live_refusal(WorldChange(8, (5,)), 2, 1)
-    assert "rank 0 serves the job's store" in live_refusal(WorldChange(8, (0, 1)), 2, 2, store_rank=0)
-    assert live_refusal(WorldChange(8, (0, 1)), 2, 2) is None  # a launcher serves the store: rank 0 may leave
-    assert live_refusal(WorldChange(4, (3,)), 1, 1) is None
+def test_vllm_engines_are_kept_where_every_survivor_keeps_its_tp_and_place_else_restarted():
+    """rollout tp 2 on 8 ranks: a pair of consecutive ranks may leave anywhere with the engines kept; one rank, or a
+    pair that moves a survivor to the other half of a TP group, or a new tp, or a joiner where tp > 1 (its engine is a
+    replica of its own) restarts every engine; rank 0 may leave only where a launcher serves the store."""
+    assert engines_kept(WorldChange(8, (2, 3)), 2, 2)
+    assert engines_kept(WorldChange(8, (1, 2)), 2, 2)  # 3 -> 1, 4 -> 2: each keeps its place (rank mod 2)
+    assert not engines_kept(WorldChange(8, (1,)), 2, 2)  # rank 2 would move to the other half of its TP group
+    assert not engines_kept(WorldChange(8, (5,)), 2, 1)
+    assert not engines_kept(WorldChange(6, (), 2), 2, 2) and engines_kept(WorldChange(3, (), 1), 1, 1)
+    assert engines_kept(WorldChange(4, (3,)), 1, 1)
+    assert "rank 0 serves the job's store" in live_refusal(WorldChange(8, (0, 1)), store_rank=0)
+    assert live_refusal(WorldChange(8, (0, 1))) is None  # a launcher serves the store: rank 0 may leave

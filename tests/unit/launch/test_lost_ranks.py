@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlhf_dyna.elastic.join_world import REQUESTS_KEY, admission_key, refusal_key
+from rlhf_dyna.elastic.join_world import ADMITTED, GONE, REQUESTS_KEY, fate_key
 from rlhf_dyna.launch.lost_ranks import LossHandler, LossWatch, lost_key, recovered_key
 from rlhf_dyna.orchestrator.checkpoint_dirs import MARKER
 
@@ -21,6 +21,9 @@ class DictStore:
 
     def check(self, keys: list[str]) -> bool:
         return all(k in self.data for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.data[key].encode()
 
     def add(self, key: str, amount: int) -> int:
         self.data[key] = str(int(self.data.get(key, "0")) + amount)
@@ -94,18 +97,18 @@ def test_pieces_without_a_replica_are_loaded_from_a_complete_checkpoint_or_the_r
 
 
 def test_processes_admitted_by_elastic_join_become_the_last_ranks_and_their_world_is_the_one_announced():
-    """After a recovery shrank the world to 3, request0 was admitted (rank 3), request1 refused, request2 still
-    undecided: a later loss of rank 1 is decided over 4 ranks, and request2 is looked at again next time."""
+    """After a recovery shrank the world to 3, request0 was admitted (rank 3: rank 0 claimed it), request1 refused (or
+    dead before its admission: gone), request2 still undecided: a later loss of rank 1 is decided over 4 ranks, and request2 is looked at again next time."""
     handler, store = LossHandler(4, port=0), DictStore()
     handler.store, watch = store, handler.watch
     watch.announce(store, watch.decide([2], True)[0], died_at=1.0)
     store.set(recovered_key(1), "1")
     store.add(REQUESTS_KEY, 3)
-    store.set(admission_key("request0"), "{}")
-    store.set(refusal_key("request1"), "the batch does not split")
+    store.set(fate_key("request0"), ADMITTED)
+    store.set(fate_key("request1"), GONE)
     assert handler.on_deaths([1], died_at=2.0) is None
     assert json.loads(store.data[lost_key(2)])["world_size"] == 4 and json.loads(store.data[lost_key(2)])["lost"] == [1]
     assert watch.members == [0, 3, "request0"] and watch.requests_seen == 2
-    store.set(admission_key("request2"), "{}")
+    store.set(fate_key("request2"), ADMITTED)
     handler.fold_joins(store)
     assert watch.members == [0, 3, "request0", "request2"] and watch.requests_seen == 3

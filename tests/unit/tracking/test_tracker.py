@@ -120,3 +120,30 @@ def test_wandb_offline_run_holds_metrics_and_config(tmp_path, monkeypatch):
     assert [(row["_step"], row["reward/mean"]) for row in rows] == [("1", "0.5"), ("2", "0.75")]
     assert rows[0]["timing_s/generation"] == "1.25"
     assert [line["step"] for line in _lines(tmp_path)] == [1, 2]
+
+
+def test_one_wandb_run_per_output_dir_across_rank_0s_and_rewinds(tmp_path):
+    """A recovery rewinds rank 0's tracker (the redone steps go to metrics.jsonl, wandb keeps the values it was sent
+    first), and a new rank 0 (the old one lost) opens the same wandb run: one run id for the directory."""
+    wandb_cfg = {"wandb_mode": "offline", "project": "rlhf_test"}
+    first = Tracker(tmp_path, wandb_cfg, console="off", total_steps=5)
+    for step in (1, 2, 3):
+        first.log(step, {"reward/mean": float(step)})
+    first.rewind(1)
+    for step in (2, 3, 4):
+        first.log(step, {"reward/mean": 10.0 * step})
+    first_dir = first.wandb_run_dir
+    first.close()
+    second = Tracker(tmp_path, wandb_cfg, console="off", total_steps=5, after_step=4)
+    second.log(5, {"reward/mean": 50.0})
+    second_dir = second.wandb_run_dir
+    second.close()
+
+    run_id = (tmp_path / "wandb" / "run_id").read_text()
+    assert first_dir != second_dir and first_dir.name.endswith(run_id) and second_dir.name.endswith(run_id)
+    sent = [(r["_step"], r["reward/mean"]) for r in history_rows(read_records(next(first_dir.glob("run-*.wandb"))))]
+    assert sent == [("1", "1"), ("2", "2"), ("3", "3"), ("4", "40")]
+    assert [(r["_step"], r["reward/mean"]) for r in history_rows(read_records(next(second_dir.glob("run-*.wandb"))))] \
+        == [("5", "50")]
+    assert [(line["step"], line["reward/mean"]) for line in _lines(tmp_path)] == [
+        (1, 1.0), (2, 20.0), (3, 30.0), (4, 40.0), (5, 50.0)]
