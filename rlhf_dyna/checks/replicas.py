@@ -7,19 +7,20 @@ from ..config import Config
 from ..elastic.membership import MembershipError, WorldChange, world_after
 from ..elastic.replicas import recovers_from_checkpoint
 from ..errors import ConfigError
-from ..orchestrator.membership import global_batch
+from ..elastic.events import EventError
+from ..orchestrator.membership import global_batch, membership_worlds
 from ..orchestrator.placements import placement_request, scores_with_reward_model
 from ..elastic.policies import make_placement
 
 RECOVERS = ("recovery from a lost rank runs under placement=colocate with a training layout of dp, tp and pp "
             "(parallel.train cp, ep = 1, zero=3), rollout.tp=1, model.dtype=float32, no parallel.schedule, no "
-            "reward model, no elastic.events or elastic.leave_on_sigterm (elastic.join requests are admitted), launched by "
-            "python -m rlhf_dyna (not torchrun)")
+            "reward model, launched by python -m rlhf_dyna (not torchrun); elastic.events, elastic.leave_on_sigterm and "
+            "elastic.join requests change the world beside it (a rank lost inside a leave stops the run)")
 
 
 def recovery_problems(cfg: Config, under_torchrun: bool = False) -> list[str]:
     """What of this run recovery from a lost rank cannot handle yet; [] = it can."""
-    t, e, problems = cfg.parallel.train, cfg.elastic, []
+    t, problems = cfg.parallel.train, []
     if cfg.placement.policy != "colocate" or cfg.placement.rebalance:
         problems.append(f"placement={cfg.placement.policy}{' with rebalance' if cfg.placement.rebalance else ''}")
     problems += [f"parallel.train.{name}={getattr(t, name)}" for name in ("cp", "ep") if getattr(t, name) != 1]
@@ -33,24 +34,30 @@ def recovery_problems(cfg: Config, under_torchrun: bool = False) -> list[str]:
         problems.append("parallel.schedule")
     if scores_with_reward_model(cfg) or cfg.algorithm.name == "reward_model":
         problems.append("a reward model")
-    if e.events or e.leave_on_sigterm:
-        problems.append("elastic.events or elastic.leave_on_sigterm")
     if under_torchrun:
         problems.append("torchrun")
     return problems
 
 
 def unrecoverable_losses(cfg: Config) -> list[str]:
-    """For each rank whose loss the survivors could not take over (the global batch, a role's set), why; [] = the loss
-    of any one rank can be recovered (rank 0's too: the launcher serves the job's store)."""
+    """For each rank whose loss the survivors could not take over (the global batch, a role's set), in the launched
+    world or one that elastic.events reach, why; [] = the loss of any one rank can be recovered (rank 0's too: the
+    launcher serves the job's store)."""
     request = placement_request(cfg)
-    placement, world, out = make_placement(request), cfg.parallel.world_size, []
-    for rank in range(world):
-        change = WorldChange(world, (rank,))
+    worlds = [(make_placement(request), cfg.parallel.world_size, "")]
+    if cfg.elastic.events:
         try:
-            world_after(placement, request.train, cfg.rollout.tp, global_batch(cfg), change)
-        except MembershipError as err:
-            out.append(str(err))
+            worlds += [(w.placement, w.change.new_world_size, f" (in the world after {event.text})")
+                       for event, w in membership_worlds(cfg)]
+        except EventError:  # checks/elastic.py names the entry
+            pass
+    out = []
+    for placement, world, where in worlds:
+        for rank in range(world):
+            try:
+                world_after(placement, request.train, cfg.rollout.tp, global_batch(cfg), WorldChange(world, (rank,)))
+            except MembershipError as err:
+                out.append(f"{err}{where}")
     return out
 
 

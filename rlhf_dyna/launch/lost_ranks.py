@@ -11,9 +11,10 @@ metrics): it tells the survivors on the job's store,
                          "died_at": unix time}
 
 and the survivors (orchestrator/recovery.py) rebuild the state in a world without them. Otherwise it stops the run,
-naming the lost ranks and what was lost. Ranks are numbered in the current world: the processes still in it, in
-launch order (survivors keep their order across a recovery), then the elastic.join=RUN_DIR processes rank 0 admitted
-(read from the store's admissions before each decision: they joined after the members, in admission order).
+naming the lost ranks and what was lost. Ranks are numbered in the current world, as the ranks publish it on the job's
+store (launch/world_record.py), read before each decision: a scripted leaver is no member once the new world is
+published, joiners are members from their admission. A rank lost while the world changes (a leave marked, or a joiner
+admitted and not yet listed) stops the run: no world holds a consistent state then.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from pathlib import Path
 
 from rlhf_dyna.elastic.replicas import holder_of, unrecoverable
 from rlhf_dyna.orchestrator.checkpoint_dirs import scan
+
+from .world_record import WorldRecord, read_world, replace_world
 
 LOST_KEY = "lost/{}"  # on the job's store (elastic.join_world.job_client_store), generation 1, 2, ...
 RECOVERED_KEY = "recovered/{}"  # set by rank 0 of the new world once its recovery is done
@@ -48,7 +51,6 @@ class LossWatch:
     checkpoints: Path | None = None  # where complete checkpoints are loaded from in place; None: checkpoint recovery off
     members: list[int | str] = field(default_factory=list)  # each rank's launch index, or its elastic.join name
     generation: int = 0  # recoveries announced so far
-    requests_seen: int = 0  # elastic.join requests admitted (members now) or refused so far
 
     def __post_init__(self) -> None:
         self.members = list(range(self.world_size))
@@ -77,10 +79,6 @@ class LossWatch:
                     else "loading a checkpoint in place is off (elastic.recover_from_checkpoint=false)")
         return None, (f"{named} of {world} lost{' at once' if len(ranks) > 1 else ''}: {pieces}. Nothing in host memory holds those pieces, and "
                       f"{fallback}: stopped the run. Resume it with trainer.resume=auto.")
-
-    def join(self, names: list[str]) -> None:
-        """elastic.join processes admitted since the last decision: ranks after the current members."""
-        self.members += names
 
     def announce(self, store, verdict: dict, died_at: float) -> int:
         """Write the announcement of the next generation; the members are the survivors from now on."""
@@ -118,41 +116,49 @@ class LossHandler:
             self.store = job_client_store("127.0.0.1", self.port)
         return self.store
 
-    def on_deaths(self, dead: list[int], died_at: float) -> str | None:
-        """`dead`: launched processes that exited with an error; None if the survivors recover, else why to stop."""
+    def on_deaths(self, dead: list, died_at: float) -> str | None:
+        """`dead`: launched processes (or elastic.join names) that exited with an error; None if the survivors recover
+        (or none of them was a rank of the current world), else why to stop."""
         try:
             store = self._store()
-            self.fold_joins(store)
+            for _ in range(3):  # the ranks may move the world between our read and our write: decide again
+                record, raw = read_world(store, self.watch.world_size)
+                why = self.changing(store, record, dead)
+                if why is not None:
+                    return why
+                self.watch.members = record.members
+                members = [p for p in dead if p in record.members]
+                if not members:
+                    return None
+                verdict, why = self.watch.decide(members, self.watch.recovered(store))
+                if why is not None:
+                    return why
+                survivors = [p for i, p in enumerate(record.members) if i not in set(verdict["lost"])]
+                if replace_world(store, raw, WorldRecord(record.n + 1, survivors)):
+                    break
+            else:
+                return f"processes {dead} lost while the world kept changing; stopped the run."
+            generation = self.watch.announce(store, verdict, died_at)
         except Exception as err:  # the store (this process's server) does not answer
             return f"processes {dead} lost and the job's store does not answer ({err}); stopped the run."
-        dead = [p for p in dead if p in self.watch.members]
-        if not dead:
-            return None
-        try:
-            verdict, why = self.watch.decide(dead, self.watch.recovered(store))
-        except Exception as err:  # the store (this process's server) does not answer
-            return f"processes {dead} lost and the job's store does not answer ({err}); stopped the run."
-        if why is not None:
-            return why
-        generation = self.watch.announce(store, verdict, died_at)
-        self.lost_processes.update(dead)
+        self.lost_processes.update(members)
         ranks = ", ".join(str(r) for r in verdict["lost"])
         source = "the replicas" if verdict["source"] == "replicas" else "the newest complete checkpoint"
-        print(f"rlhf_dyna: rank {ranks} of {verdict['world_size']} lost (process {', '.join(map(str, dead))}); the "
+        print(f"rlhf_dyna: rank {ranks} of {verdict['world_size']} lost (process {', '.join(map(str, members))}); the "
               f"survivors rebuild its state from {source} (recovery {generation})", file=sys.stderr, flush=True)
         return None
 
-    def fold_joins(self, store) -> None:
-        """The elastic.join processes rank 0 admitted since the last look: members from now on (in request order:
-        rank 0 claims them in that order; a refused one or one dead before its claim is gone)."""
-        from rlhf_dyna.elastic.join_world import ADMITTED, fate, request, requests_so_far  # torch: on a loss only
-        admitted, watch = [], self.watch
-        for n in range(watch.requests_seen, requests_so_far(store)):
-            name = request(n)
-            decided = fate(store, name)  # set by rank 0's claim before its admission, or gone (dead, refused)
-            if decided is None:
-                break  # not decided yet: it and those after it are looked at again at the next decision
-            if decided == ADMITTED:
-                admitted.append(name)
-            watch.requests_seen = n + 1
-        watch.join(admitted)
+    def changing(self, store, record: WorldRecord, dead: list) -> str | None:
+        """Why the run stops where a rank is lost while the world changes (a leave marked on the record, or a joiner
+        admitted and not yet listed); None otherwise."""
+        from rlhf_dyna.elastic.join_world import ADMITTED, fate, joiner_name  # torch: on a loss only
+        names = {p: p if isinstance(p, str) else joiner_name(p - self.watch.world_size) for p in dead
+                 if p not in record.members and (isinstance(p, str) or p >= self.watch.world_size)}
+        joining = [p for p, name in names.items() if fate(store, name) == ADMITTED]
+        lost = [p for p in dead if p in record.members] + joining
+        if not lost or not (record.changing or joining):
+            return None
+        return (f"process {', '.join(map(str, lost))} lost during a membership change of the {len(record.members)}-rank "
+                f"world {record.n} (before the new world's members were published): no world holds a consistent "
+                "state to recover to; stopped the run. The newest complete checkpoint is intact: resume it with "
+                "trainer.resume=auto.")

@@ -39,6 +39,7 @@ from ..elastic.join_world import GONE, Admission, admit, claim, fate, refuse, wa
 from ..elastic.membership import MembershipError, NewWorld, WorldChange, world_after
 from ..elastic.world_prebuild import WorldBuild, configured_backend, record_world, world_metrics
 from ..elastic.world_switch import enter_new_world
+from ..launch.world_record import claim_published
 from ..parallel_layout import ParallelLayout
 from ..rollout.reform import release_groups
 from ..train.mesh import build_mesh
@@ -229,9 +230,21 @@ def admitted(membership: Membership, joiners: list[str], name: str) -> list[str]
             for joiner in alive:
                 refuse(store, joiner, why)
             alive = []
+        if alive and membership.records and not claim_published(store, membership.launched,
+                                                                [process_of(membership, j) for j in alive]):
+            why = "a rank of the world was lost at the boundary; the survivors recover first. Ask again."
+            for joiner in alive:
+                refuse(store, joiner, why)
+            alive = []  # the lost rank's announcement shuts the world's connections: the broadcast fails
         box = [alive]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def process_of(membership: Membership, name: str) -> int | str:
+    """Joiner `name`'s process in the world record (launch/world_record.py): a scripted joiner's launch index, an
+    elastic.join process's name."""
+    return membership.launched + int(name.removeprefix("joiner")) if name.startswith("joiner") else name
 
 
 def enter_as_joiner(runtime, membership: Membership, admission: Admission, skeletons: dict[str, Module]) -> Handover:

@@ -58,6 +58,7 @@ def run_joiner(cfg: Config, out_dir: Path, index: int | None) -> None:
     name = joiner_name(index) if index is not None else request_name(store)
     process = cfg.parallel.world_size + (index if index is not None else len(scripted) + int(name.removeprefix("request")))
     announce_pid(store, name, os.getpid())  # the launcher watches it: its death before admission drops it
+    membership.process = process if index is not None else name  # as the launcher names it (launch/world_record.py)
     event = scripted[index][0] if index is not None else None
     run = make_run(cfg, out_dir, joiner_dist_info(cfg, process, name, store, index is not None))
     runtime = RUNTIMES[runtime_name(cfg.placement)](run)  # colocate or split: checks/elastic.py refuses the others

@@ -25,6 +25,7 @@ from dataclasses import replace
 
 import torch.distributed as dist
 
+from ..elastic.faults import kill_point
 from ..elastic.membership import MembershipError, NewWorld, WorldChange, live_refusal, world_after
 from ..elastic.placement import ACTOR, REWARD_MODEL
 from ..elastic.world_prebuild import WorldBuild, configured_backend, record_world, world_metrics
@@ -149,6 +150,7 @@ def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name
     new = planned_world(membership, leaving, name)
     if new is None:
         return {}
+    kill_point("leave/move", runtime.run.dist_info.rank, runtime.run.dist_info.run_ident)  # tests: dead in a leave
     layout = trained_layout(new)
     store, backend = membership.store, configured_backend()
     staged, moved, rounds = send_state(runtime, new, layout, name)

@@ -67,7 +67,9 @@ def run_steps(run: Run, runtime: Runtime, set_up: Callable[[], None]) -> None:
         if cfg.elastic.replicas or recovers_from_checkpoint(cfg.elastic.replicas, cfg.elastic.recover_from_checkpoint):
             membership = getattr(runtime, "membership", None)
             joined = membership is not None and membership.entered_before is not None
-            recovery = Recovery(cfg, joined)  # surviving a lost rank (orchestrator/recovery.py)
+            process = membership.process if membership is not None and membership.process is not None else \
+                run.dist_info.rank
+            recovery = Recovery(cfg, joined, process)  # surviving a lost rank (orchestrator/recovery.py)
             recovery.start(run, runtime)
         try:
             step = run.start_step + 1
@@ -100,7 +102,7 @@ def run_steps(run: Run, runtime: Runtime, set_up: Callable[[], None]) -> None:
 def step_and_log(run: Run, runtime: Runtime, step: int, recovery: Recovery | None) -> None:
     """One step, its evaluation when due, a snapshot when due (elastic.replicas), the log line and a checkpoint."""
     cfg = run.cfg
-    metrics = rl_step(run, runtime, step)
+    metrics = rl_step(run, runtime, step, recovery)
     if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
         metrics.update(runtime.evaluate())
     if recovery is not None:
@@ -109,9 +111,11 @@ def step_and_log(run: Run, runtime: Runtime, step: int, recovery: Recovery | Non
     save(run, runtime, step)
 
 
-def rl_step(run: Run, runtime: Runtime, step: int) -> dict[str, float]:
+def rl_step(run: Run, runtime: Runtime, step: int, recovery: Recovery | None = None) -> dict[str, float]:
     """One step; its metrics on every rank (rank 0 logs them)."""
     metrics = runtime.before_step(step)  # e.g. a scheduled change of the training layout
+    if recovery is not None:  # a change of world: the snapshot ring over the new one, its members published
+        metrics.update(recovery.after_change(run, runtime, step - 1))
     t0, started = time.perf_counter(), time.time()
     samples, gen_seconds = runtime.generate(step)  # generated and scored on the rollout ranks, gathered everywhere
     scored = runtime.score(step, samples)  # the reward model's scores join the rewards (none without one)

@@ -22,15 +22,16 @@ Where the announcement says "checkpoint" (no surviving replica holds some lost p
 load the newest complete checkpoint into empty engines in place instead (orchestrator/checkpoint_recovery.py).
 The next step logs elastic/recovery/{seconds,steps_lost,bytes_moved,source,...}.
 
-A lost rank may come back through elastic.join=RUN_DIR (orchestrator/join.py): at the end of the step before that
-boundary the snapshot's send is finished (the join destroys every group), and at the end of the first step in the
-grown world every rank, the joiner included, forms the ring over it and takes a snapshot at once; a joiner lost
-before that goes back to the snapshot's world (orchestrator/snapshot_world.py), an old rank cannot (RecoveryImpossible).
+Membership changes (elastic.events, SIGTERM leaves, elastic.join requests; orchestrator/world_changes.py) run beside
+it: before each change the snapshot's send is finished (the change destroys every group), and right after the
+boundary's changes every rank of the new world, a joiner included, forms the ring over it and takes a snapshot at
+once (after_change), then rank 0 publishes the world's members for the launcher (launch/world_record.py). A joiner lost
+inside its join goes back to the snapshot's world (orchestrator/snapshot_world.py), an old rank cannot
+(RecoveryImpossible); a rank lost inside a leave stops the run (the launcher sees the world record "changing").
 """
 from __future__ import annotations
 
 import copy
-import json
 import os
 import random
 import threading
@@ -48,13 +49,14 @@ from ..elastic.placement import Placement
 from ..elastic.policies import make_placement
 from ..elastic.replicas import Served, holder_of, recovers_from_checkpoint
 from ..elastic.world_switch import enter_new_world
-from ..launch.lost_ranks import lost_key, recovered_key
-from ..launch.sockets import shut_connections
+from ..launch.lost_ranks import recovered_key
+from ..launch.world_record import publish_world
 from ..rollout.reform import reform, release_groups
 from ..train.mesh import build_mesh
 from ..transition.relayout import empty_engine_like, meta_skeleton
 from ..transition.replica_state import RoleSnapshot, restore_role, send_replica, snapshot_bytes, take_snapshot
 from .checkpoint_recovery import load_in_place, newest_complete
+from .loss_watchdog import Watchdog
 from .membership import global_batch
 from .placements import placement_request
 from .run import Run
@@ -62,7 +64,7 @@ from .snapshot_world import EngineTemplate, SnapshotWorld, joiner_gone, only_joi
 
 ROLES = ("actor", "critic", "reference")
 ANNOUNCED_WITHIN_S = 30.0  # an error with no lost rank announced by then was not a lost rank's: it is re-raised
-POLL_S = 0.05
+WORLDS = 1_000_000  # LoopState.key: the snapshot's step, then the world it was taken in (a change's snapshot: same step)
 SOURCES = {"replicas": 1.0, "checkpoint": 2.0}  # elastic/recovery/source: where the lost state came from
 
 
@@ -82,12 +84,13 @@ class LoopState:
     kl_ctl: object
     world: int  # the world whose ring holds this snapshot's replicas
     where: SnapshotWorld | None = None  # that world's placement and layout
+    key: int = 0  # the newest is the largest: step, then the world (worlds entered since launch)
 
     @classmethod
-    def of(cls, run: Run, step: int, where: SnapshotWorld | None = None) -> LoopState:
+    def of(cls, run: Run, step: int, where: SnapshotWorld | None = None, worlds: int = 0) -> LoopState:
         return cls(step, copy.deepcopy(run.rng), random.getstate(), torch.get_rng_state(),
                    copy.deepcopy(getattr(run.task, "state_dict", dict)()), copy.deepcopy(run.kl_ctl),
-                   dist.get_world_size(), where)
+                   dist.get_world_size(), where, step * WORLDS + worlds)
 
     def restore(self, run: Run) -> None:
         run.rng, run.kl_ctl = copy.deepcopy(self.rng), copy.deepcopy(self.kl_ctl)
@@ -97,47 +100,12 @@ class LoopState:
             run.task.load_state_dict(copy.deepcopy(self.task_state))
 
 
-class Watchdog:
-    """A thread that waits for the launcher's announcement of lost ranks and shuts the old world's connections."""
-
-    def __init__(self) -> None:
-        self.store = job_client_store()  # its own client: the main thread's may be blocked
-        self.generation = 0  # announcements seen; a process that joined later skips those made before it
-        while self.store.check([lost_key(self.generation + 1)]):
-            self.generation += 1
-        self.announced = threading.Event()
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._watch, daemon=True, name="rlhf_dyna-loss-watchdog")
-        self.thread.start()
-
-    def _watch(self) -> None:
-        while not self.stopped.is_set():
-            if not self.announced.is_set() and self.store.check([lost_key(self.generation + 1)]):
-                try:
-                    shut_connections({int(os.environ["MASTER_PORT"])})
-                finally:  # the main thread goes on whatever happened here
-                    self.announced.set()
-            time.sleep(POLL_S)
-
-    def wait(self, timeout: float) -> dict | None:
-        """The next announcement (after this rank's old-world connections are shut), or None by `timeout`."""
-        if not self.announced.wait(timeout):
-            return None
-        self.generation += 1
-        return json.loads(self.store.get(lost_key(self.generation)))
-
-    def rearm(self) -> None:
-        self.announced.clear()
-
-    def close(self) -> None:
-        self.stopped.set()
-
-
 class Recovery:
     """Surviving a lost rank, on one rank: the watchdog, the recovery, and with elastic.replicas=1 the snapshots."""
 
-    def __init__(self, cfg: Config, joined: bool = False) -> None:
-        """`joined`: a process that entered through a join; its ring forms at the end of its first step."""
+    def __init__(self, cfg: Config, joined: bool = False, process: int | str = 0) -> None:
+        """`joined`: a process that entered through a join; its ring forms at the start of its first step. `process`:
+        its name in the world record (launch/world_record.py)."""
         request = placement_request(cfg)
         self.cfg, self.every, self.snapshots = cfg, cfg.elastic.snapshot_every, bool(cfg.elastic.replicas)
         self.placement: Placement = make_placement(request)
@@ -152,6 +120,8 @@ class Recovery:
         # the snapshot thread's: collectives of its own, beside the loop's
         self.side = dist.new_group(backend="gloo") if self.snapshots and not joined else None
         self.ring_world = dist.get_world_size() if not joined else None  # the world the side group spans
+        self.ring_at: int | None = None if joined else 0  # the membership's generation when the ring formed
+        self.process = process
         self.sender: threading.Thread | None = None
         self.send_error: BaseException | None = None
         self.sent: dict[str, float] = {}  # the last completed send's metrics
@@ -168,6 +138,9 @@ class Recovery:
     def start(self, run: Run, runtime) -> None:
         """A launched rank with elastic.replicas=1: the state to survive a loss with, from the start (a joiner's
         first comes with its first step)."""
+        membership = getattr(runtime, "membership", None)
+        if membership is not None:  # a change destroys every group: the snapshot's send is finished first
+            membership.before_change = self.finish_sending
         if self.snapshots and self.ring_world is not None:
             self.snapshot(run, runtime, run.start_step)
 
@@ -183,7 +156,8 @@ class Recovery:
         roles = {role: take_snapshot(engine) for role, engine in engines.items()}
         self.templates = {role: EngineTemplate.of(e, self.templates.get(role)) for role, e in engines.items()}
         membership = getattr(runtime, "membership", None)
-        loop = LoopState.of(run, step, SnapshotWorld(getattr(membership, "placement", self.placement), runtime.layout))
+        loop = LoopState.of(run, step, SnapshotWorld(getattr(membership, "placement", self.placement), runtime.layout),
+                            getattr(membership, "generation", 0) + self.watchdog.generation)
         self.recorder = runtime.recorder
         copied = time.perf_counter() - start
         self.sender = threading.Thread(target=self._send, args=(roles, loop, start, copied), daemon=True,
@@ -227,15 +201,28 @@ class Recovery:
     def after_step(self, run: Run, runtime, step: int) -> dict[str, float]:
         """The metrics to log with `step`: a due snapshot's, the last recovery's, the world's size."""
         metrics, self.pending = {**self.pending, "elastic/world_size": float(dist.get_world_size())}, {}
-        grown = self.snapshots and self.ring_world != dist.get_world_size()
-        if grown:  # a join: the ring over the grown world, and its snapshot now (the last one's ring was smaller)
-            self.side, self.ring_world = dist.new_group(backend="gloo"), dist.get_world_size()
-        if self.snapshots and (grown or step % self.every == 0):
+        if self.snapshots and step % self.every == 0:
             metrics.update(self.snapshot(run, runtime, step))
             metrics["elastic/snapshot/ring_world"] = float(self.ring_world)
+        return metrics
+
+    def after_change(self, run: Run, runtime, step: int) -> dict[str, float]:
+        """Collective over the world, right after the changes of the boundary after `step` (a joiner: its first call):
+        where the world changed, the ring over the new world and its snapshot now (sent before the step: a rank lost
+        in it is recovered from this world's ring), then rank 0 publishes the world's members for the launcher."""
         membership = getattr(runtime, "membership", None)
-        if membership is not None and membership.agreed:  # a join at the next boundary destroys every group
-            self.finish_sending()
+        generation = getattr(membership, "generation", 0)
+        if self.ring_at == generation:
+            return {}
+        self.ring_at, metrics = generation, {}
+        if self.snapshots:
+            self.side, self.ring_world = dist.new_group(backend="gloo"), dist.get_world_size()
+            metrics = self.snapshot(run, runtime, step, background=False)
+            metrics["elastic/snapshot/ring_world"] = float(self.ring_world)
+        members = [None] * dist.get_world_size()
+        dist.all_gather_object(members, self.process)
+        if dist.get_rank() == 0:
+            publish_world(self.store, self.cfg.parallel.world_size, members)
         return metrics
 
     def recover(self, run: Run, runtime, err: BaseException, step: int) -> int:
@@ -266,10 +253,10 @@ class Recovery:
         self.watchdog.rearm()
         if self.snapshots:
             self.side = dist.new_group(backend="gloo")
-        membership, served = getattr(runtime, "membership", None), None  # no replica serves a checkpoint's load
+        membership = getattr(runtime, "membership", None)
+        served = Served(lost, old_world) if source == "replicas" else None  # a checkpoint's: no replica serves
         if source == "replicas":
             self.newest_snapshot(lost, old_world, step, err)
-            served = Served(lost, old_world)
         if source == "replicas" and self.loop.world != old_world:  # only joiners lost: the snapshot's world again
             new = snapshot_world_again(WorldChange(old_world, lost), self.loop.where, self.roles, self.cfg.rollout.tp)
             served = Served((), self.loop.world)
@@ -367,13 +354,13 @@ class Recovery:
     def agree_on_snapshot(self) -> None:
         """Collective over the survivors: the newest snapshot any of them committed (a rank that committed it passed
         the barrier every rank entered with its replica received, so every survivor has it staged)."""
-        mine = torch.tensor([self.loop.step if self.loop is not None else -1], dtype=torch.int64)
+        mine = torch.tensor([self.loop.key if self.loop is not None else -1], dtype=torch.int64)
         newest = mine.clone()
         dist.all_reduce(newest, op=dist.ReduceOp.MAX)
         if int(newest) > int(mine):
-            if self.staged is None or self.staged[1].step != int(newest):
-                raise RecoveryImpossible(f"survivors disagree on the snapshot: step {int(newest)} committed "
-                                         f"elsewhere, this rank holds step {int(mine)}")
+            if self.staged is None or self.staged[1].key != int(newest):
+                raise RecoveryImpossible(f"survivors disagree on the snapshot: step {int(newest) // WORLDS} committed "
+                                         f"elsewhere, this rank holds step {int(mine) // WORLDS}")
             self.roles, self.loop = self.staged
         self.staged = None
 

@@ -24,8 +24,10 @@ def changes_before_step(runtime, membership: Membership, step: int, first: int =
     metrics: dict[str, float] = {}
     if membership.entered_before == step:  # a joiner: it went through this boundary while entering
         return {"elastic/world_size": float(dist.get_world_size())}
+    generation = membership.generation
     for event in membership.due_before(step)[first:]:
         build = membership.take_build(event.text)
+        membership.begin_change(leave=bool(event.leaving))
         if event.leaving:
             metrics.update(change_world(runtime, membership, event.leaving, event.name, build))
         else:
@@ -34,11 +36,14 @@ def changes_before_step(runtime, membership: Membership, step: int, first: int =
             metrics.update(admit_joiners(runtime, membership, names, step - 1, event.name, build=build))
     asked = membership.sigterm.agree() if membership.sigterm is not None else ()
     if asked:  # known only now: its world is built here
+        membership.begin_change(leave=True)
         metrics.update(change_world(runtime, membership, asked, f"elastic/leave/{describe_ranks(asked)}@{step - 1}"))
     requests = admissible(membership, membership.agreed)
     if requests:
+        membership.begin_change(leave=False)
         metrics.update(admit_joiners(runtime, membership, requests, step - 1,
                                      f"elastic/join/+{len(requests)}@{step - 1}", scripted=False,
                                      build=membership.take_build(REQUESTS)))
+    membership.end_changes(generation)
     prepare_next_world(runtime, membership, step)
     return {**metrics, "elastic/world_size": float(dist.get_world_size())}

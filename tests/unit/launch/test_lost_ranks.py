@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlhf_dyna.elastic.join_world import ADMITTED, GONE, REQUESTS_KEY, fate_key
+from rlhf_dyna.elastic.join_world import ADMITTED, fate_key
 from rlhf_dyna.launch.lost_ranks import LossHandler, LossWatch, lost_key, recovered_key
+from rlhf_dyna.launch.world_record import (WorldRecord, claim_published, mark_changing, publish_world, read_world,
+                                           replace_world, unmark_changing)
 from rlhf_dyna.orchestrator.checkpoint_dirs import MARKER
 
 
@@ -24,6 +26,11 @@ class DictStore:
 
     def get(self, key: str) -> bytes:
         return self.data[key].encode()
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        if self.data.get(key, "") == expected:
+            self.data[key] = desired
+        return self.data.get(key, "").encode()
 
     def add(self, key: str, amount: int) -> int:
         self.data[key] = str(int(self.data.get(key, "0")) + amount)
@@ -96,19 +103,39 @@ def test_pieces_without_a_replica_are_loaded_from_a_complete_checkpoint_or_the_r
     assert "loading a checkpoint in place is off (elastic.recover_from_checkpoint=false)" in why
 
 
-def test_processes_admitted_by_elastic_join_become_the_last_ranks_and_their_world_is_the_one_announced():
-    """After a recovery shrank the world to 3, request0 was admitted (rank 3: rank 0 claimed it), request1 refused (or
-    dead before its admission: gone), request2 still undecided: a later loss of rank 1 is decided over 4 ranks, and request2 is looked at again next time."""
+def test_the_ranks_published_world_numbers_the_lost_ranks():
+    """4 launched ranks; rank 3 left (leave:3@2: marked, then the 3-rank world published), a scripted joiner (process 4)
+    and request0 claimed at a join: the loss of process 4 is rank 3 of 5, and the leaver's exit is no member's."""
     handler, store = LossHandler(4, port=0), DictStore()
     handler.store, watch = store, handler.watch
-    watch.announce(store, watch.decide([2], True)[0], died_at=1.0)
+    assert mark_changing(store, 4) and read_world(store, 4)[0].changing
+    publish_world(store, 4, [0, 1, 2])
+    assert read_world(store, 4)[0].n == 1 and not read_world(store, 4)[0].changing
+    assert claim_published(store, 4, [4, "request0"])  # the join is the boundary's first change: listed at its claim
+    publish_world(store, 4, [0, 1, 2, 4, "request0"])  # the ring over it formed: the same members, no new world
+    assert read_world(store, 4)[0].n == 2
+    assert handler.on_deaths([3], died_at=1.0) is None and lost_key(1) not in store.data  # left: no member
+    assert handler.on_deaths([4], died_at=2.0) is None
+    assert json.loads(store.data[lost_key(1)])["lost"] == [3] and json.loads(store.data[lost_key(1)])["world_size"] == 5
+    record = read_world(store, 4)[0]  # the launcher's write: the survivors are world 3
+    assert record.n == 3 and record.members == [0, 1, 2, "request0"] and watch.members == record.members
+
+
+def test_a_rank_lost_while_the_world_changes_stops_the_run():
+    handler, store = LossHandler(4, port=0), DictStore()
+    handler.store = store
+    mark_changing(store, 4)  # a leave began: from now on until the new world is published
+    why = handler.on_deaths([1], died_at=1.0)
+    assert "process 1 lost during a membership change of the 4-rank world 0 (before the new world's members were " \
+           "published)" in why and lost_key(1) not in store.data
+    unmark_changing(store, 4)  # the leave was refused at the boundary: the same world again
+    store.set(fate_key("joiner0"), ADMITTED)  # claimed, not listed yet (a leave came first at this boundary)
+    assert "process 4 lost during a membership change" in handler.on_deaths([4], died_at=2.0)
+    assert handler.on_deaths([2], died_at=3.0) is None and json.loads(store.data[lost_key(1)])["lost"] == [2]
+    assert read_world(store, 4)[0].members == [0, 1, 3]
+    # rank 0 read the world before the launcher moved it: its mark (compare-and-set on what it read) fails
+    _, stale = read_world(store, 4)
     store.set(recovered_key(1), "1")
-    store.add(REQUESTS_KEY, 3)
-    store.set(fate_key("request0"), ADMITTED)
-    store.set(fate_key("request1"), GONE)
-    assert handler.on_deaths([1], died_at=2.0) is None
-    assert json.loads(store.data[lost_key(2)])["world_size"] == 4 and json.loads(store.data[lost_key(2)])["lost"] == [1]
-    assert watch.members == [0, 3, "request0"] and watch.requests_seen == 2
-    store.set(fate_key("request2"), ADMITTED)
-    handler.fold_joins(store)
-    assert watch.members == [0, 3, "request0", "request2"] and watch.requests_seen == 3
+    assert handler.on_deaths([3], died_at=4.0) is None
+    assert not replace_world(store, stale, WorldRecord(5, [0, 1], changing=True))
+    assert read_world(store, 4)[0].members == [0, 1]
