@@ -6,24 +6,29 @@ from __future__ import annotations
 from ..config import Config
 from ..elastic.events import Event, EventError, parse_events
 from ..elastic.membership import NewWorld, live_refusal
+from ..elastic.placement import GENERATE, ROLLOUT
 from ..launch.host import store_host_rank
 from ..orchestrator.membership import membership_worlds
-from ..orchestrator.placements import scores_with_reward_model
+from ..orchestrator.placements import placement_of, scores_with_reward_model
 from ..errors import ConfigError
 
 LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM), and join@S and join:N@S, under "
-        "placement=colocate with a training layout of dp, tp and pp (parallel.train cp, ep = 1), no parallel.schedule, "
-        "a reward model (task.reward naming rm) only without reward_model.offload, no algorithm=reward_model, any "
-        "rollout.tp (vLLM engines restarted where a change moves their tp or a rank's place in a TP group), launched "
-        "by python -m rlhf_dyna (not torchrun: its launcher starts the joining processes)")
+        "placement=colocate, or placement=split without rebalance (a leave shrinks the set the rank left, joiners "
+        "extend the training set), with a training layout of dp, tp and pp (parallel.train cp, ep = 1), no "
+        "parallel.schedule, a reward model (task.reward naming rm) only under colocate without reward_model.offload, "
+        "no algorithm=reward_model, any rollout.tp (vLLM engines restarted where a change moves their tp or a rank's "
+        "place in a TP group; split's engines are tp=1), launched by python -m rlhf_dyna (not torchrun: its launcher "
+        "starts the joining processes); placement=lend and placement.rebalance stay refused")
 
 
 def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torchrun: bool = False) -> list[str]:
     """What of a run with these changes (each event with the world after it) a live run cannot execute yet
     (docs/elastic.md); [] = it can."""
-    t, problems = cfg.parallel.train, []
-    if cfg.placement.policy != "colocate" or cfg.placement.rebalance:
+    t, problems, split = cfg.parallel.train, [], cfg.placement.policy == "split"
+    if cfg.placement.policy not in ("colocate", "split") or cfg.placement.rebalance:
         problems.append(f"placement={cfg.placement.policy}{' with rebalance' if cfg.placement.rebalance else ''}")
+    if split and scores_with_reward_model(cfg):  # its scorer's set and groups are the training set's
+        problems.append("a reward model (task.reward naming rm) under placement=split")
     # expert parallel: its MoE rollout on the CPU needs one vLLM TP group over every rank, which no change keeps
     problems += [f"parallel.train.{name}={getattr(t, name)}" for name in ("cp", "ep") if getattr(t, name) != 1]
     if cfg.parallel.schedule:
@@ -33,6 +38,8 @@ def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torch
     if scores_with_reward_model(cfg) and cfg.reward_model.offload:  # its shards wait in host memory at a boundary
         problems.append("reward_model.offload=true")
     joins = [event.text for event, _ in worlds if event.joining]
+    if joins and split and (why := joiners_generate(cfg)):
+        problems.append(f"{', '.join(joins)} ({why})")
     if joins and under_torchrun:
         problems.append(f"{', '.join(joins)} under torchrun (python -m rlhf_dyna's launcher starts the joiners)")
     problems += [f"{event.text} ({why})" for event, world in worlds
@@ -40,9 +47,22 @@ def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torch
     return problems
 
 
+def joiners_generate(cfg: Config) -> str | None:
+    """Under split, why joiners would not train: the rollout set reaches the end of the world (placement.roles), so
+    the planner gives it the joiners, and a split joiner starts no vLLM engine; None where the training set does."""
+    placement = placement_of(cfg)
+    rollout = placement.slot(GENERATE, ROLLOUT).ranks
+    if rollout.stop != placement.world_size:
+        return None
+    return (f"the rollout set {rollout.describe()} reaches the end of the world, so joiners would generate, and a "
+            f"joiner under placement=split trains; place the training set last (placement.roles)")
+
+
 def join_refusal(cfg: Config, under_torchrun: bool = False) -> str | None:
     """Why a running job of this config cannot admit elastic.join=RUN_DIR processes live, or None."""
     problems = live_problems(cfg, [], under_torchrun)  # beside recovery from a lost rank too (the world regrows)
+    if cfg.placement.policy == "split" and (why := joiners_generate(cfg)):
+        problems.append(why)
     if under_torchrun:
         problems.append("torchrun (elastic.join needs the job store of python -m rlhf_dyna's launcher)")
     return "; ".join(problems) or None

@@ -1,8 +1,10 @@
-"""A live join at a step boundary (placement=colocate; docs/elastic.md): new ranks enter the job, every training role's
-state spreads over the larger world by VPS plan, and the run goes on with the same global batch.
+"""A live join at a step boundary (placement=colocate or split; docs/elastic.md): new ranks enter the job, every
+training role's state spreads over its larger set by VPS plan (colocate: the whole world; split: the training set,
+which the joiners extend), and the run goes on with the same global batch.
 
 The joining processes start with the job and prepare while the world trains (orchestrator/joiner.py: task,
-tokenizer, model skeletons on meta, a vLLM engine in a private world of one). At the boundary after step S:
+tokenizer, model skeletons on meta, under colocate a vLLM engine in a private world of one). At the boundary after
+step S:
 1. the old world waits on the job's store until its joiners are prepared (`wait_seconds`: ~0 when they were ready in
    time) or gone (the launcher found the process dead), rank 0 admits those alive (elastic.join_world: a joiner that
    died before is dropped, with a line naming it; where none is left the world goes on unchanged) and tells the
@@ -11,12 +13,15 @@ tokenizer, model skeletons on meta, a vLLM engine in a private world of one). At
    engines stay) and enters the new default group over `rlhf_dyna/world<generation>`: the old ranks keep their
    numbers, the joiners come after them (over the groups built in the background during the step before,
    orchestrator/next_world.py, where the join was known then);
-3. rank 0 broadcasts what the joiners lack (`Handover`): the loop's state (step, prompt sampler, RNGs, task
-   position, KL controller), each role's engine settings, buffers and source spec, the change's plan;
-4. the old ranks copy their engines locally onto a mesh over ranks 0..N-1 of the new world (the same layout), and
-   each role's parameters and AdamW moments move by VPS plan into engines on the new layout over every rank
+3. rank 0 broadcasts what the joiners lack (`Handover`, made on the actor's first rank: under split rank 0 holds
+   no training role): the loop's state (step, prompt sampler, RNGs, task position, KL controller), each role's
+   engine settings, buffers, catalog and source spec, the runtime's own (split: the samples generated ahead), the
+   change's plan;
+4. the old ranks copy their engines locally onto a mesh of the old layout in the new world (the same ranks), and
+   each role's parameters and AdamW moments move by VPS plan into engines on the new layout over its set
    (transition.role_move: the joiners hold no source);
-5. every rank re-forms its vLLM engine over the new world (one replica more per joiner) and the weights are synced.
+5. colocate re-forms every rank's vLLM engine over the new world (one replica more per joiner; split's engines live
+   outside the world and stay) and the weights are synced.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from torch.nn import Module
 
 from ..elastic.faults import kill_point
 from ..elastic.join_world import GONE, Admission, admit, claim, fate, refuse, wait_settled
-from ..elastic.membership import MembershipError, NewWorld, WorldChange, engines_kept, world_after
+from ..elastic.membership import MembershipError, NewWorld, WorldChange, world_after
 from ..elastic.world_prebuild import WorldBuild, configured_backend, record_world, world_metrics
 from ..elastic.world_switch import enter_new_world
 from ..launch.world_record import claim_published
@@ -41,8 +46,9 @@ from ..train.mesh import build_mesh
 from ..transition.bind_train import train_spec
 from ..transition.relayout import bind_train_state, empty_engine, meta_skeleton, optimizer_groups, settings_of
 from ..transition.role_move import move_role_state, role_catalog
+from ..vps.model import ModelCatalog
 from ..vps.spec import ParallelSpec
-from .leave import engines_on, reform_rollout, role_layout
+from .leave import engines_on, role_layout, trained_layout
 from .live_world import Membership
 from .run import Run
 
@@ -55,6 +61,7 @@ class RoleBlueprint:
     groups: list[dict]  # the optimizer's param-group settings
     buffers: dict[str, Tensor]  # replicated in every layout (rotary frequencies)
     src: ParallelSpec  # the old world's engines' spec
+    catalog: ModelCatalog  # its VPS catalog (every rank plans the move, holder or not)
 
 
 @dataclass
@@ -73,18 +80,21 @@ class Handover:
     kl_ctl: object
     joiners_before: int  # joiner processes admitted so far, this change's included
     engine_tp: int  # the old world's vLLM engines' tp (a joiner's is 1)
+    runtime_state: dict  # Runtime.handover_state of the actor's first rank
 
 
 def blueprint(engine) -> RoleBlueprint:
     buffers = {name: b.detach().clone() for name, b in engine.model.named_buffers()}
-    return RoleBlueprint(settings_of(engine), optimizer_groups(engine), buffers, train_spec(bind_train_state(engine)))
+    return RoleBlueprint(settings_of(engine), optimizer_groups(engine), buffers, train_spec(bind_train_state(engine)),
+                         role_catalog(engine))
 
 
 def handover(runtime, membership: Membership, new: NewWorld, step: int, name: str) -> Handover:
     run: Run = runtime.run
     roles = {move.role: blueprint(getattr(runtime, move.role)) for move in new.moves}
     return Handover(name, new, runtime.layout, roles, step, run.rng, random.getstate(), torch.get_rng_state(),
-                    getattr(run.task, "state_dict", dict)(), run.kl_ctl, membership.joiners_before, runtime.rollout.tp)
+                    getattr(run.task, "state_dict", dict)(), run.kl_ctl, membership.joiners_before,
+                    runtime.rollout_layout.tp, runtime.handover_state())
 
 
 def shared(h: Handover | None) -> Handover:
@@ -94,8 +104,10 @@ def shared(h: Handover | None) -> Handover:
     return box[0]
 
 
-def take_over(run: Run, h: Handover) -> None:
+def take_over(runtime, h: Handover) -> None:
     """A joiner: the loop's state as the old world has it after step h.step."""
+    run: Run = runtime.run
+    runtime.take_handover(h.runtime_state)
     run.start_step, run.rng, run.kl_ctl = h.step, h.loop_rng, h.kl_ctl
     random.setstate(h.python_rng)
     torch.set_rng_state(h.torch_rng)
@@ -105,16 +117,19 @@ def take_over(run: Run, h: Handover) -> None:
 
 def spread(runtime, h: Handover, staged: dict, skeletons: dict[str, Module], layout: ParallelLayout,
            mesh) -> tuple[dict, int, int]:
-    """Collective over the new world: each role's state from `staged` (the old ranks' engines on ranks 0..N-1; {} on
-    a joiner) into empty engines on `mesh` of the new layout over every rank; (role -> engine, bytes moved, rounds)."""
-    engines, moved, rounds = {}, 0, 0
+    """Collective over the new world: each role's state from `staged` (the old ranks' engines on the old layout's
+    ranks; {} on a joiner and on a rank outside the set) into empty engines on `mesh` of the new layout, on its ranks;
+    (role -> engine, bytes moved, rounds)."""
+    engines, moved, rounds, holds = {}, 0, 0, dist.get_rank() in layout.ranks
     for move in h.new.moves:
         source, plan = staged.get(move.role), h.roles[move.role]
-        skeleton = meta_skeleton(source.model) if source is not None else skeletons[move.role]
-        engines[move.role] = empty_engine(plan.settings, plan.groups, plan.buffers, role_layout(layout, move.role),
-                                          mesh, skeleton)
-        stats = move_role_state(source, engines[move.role], plan.src, move.dst, role_catalog(engines[move.role]),
-                                recorder=runtime.recorder, trace_name=h.name)
+        skeleton = meta_skeleton(source.model) if source is not None else skeletons.get(move.role)
+        destination = empty_engine(plan.settings, plan.groups, plan.buffers, role_layout(layout, move.role), mesh,
+                                   skeleton) if holds else None
+        stats = move_role_state(source, destination, plan.src, move.dst, plan.catalog, recorder=runtime.recorder,
+                                trace_name=h.name)
+        if destination is not None:
+            engines[move.role] = destination
         moved, rounds = moved + stats.bytes_moved, rounds + stats.rounds
     return engines, moved, rounds
 
@@ -124,8 +139,8 @@ def grow(runtime, membership: Membership, h: Handover, engines: dict, skeletons:
     """Collective over the new world, on old ranks and joiners alike: its meshes (over `build`'s groups where it
     built them), stage, spread, re-form vLLM, sync; timings."""
     started = time.perf_counter()
-    layout = h.new.layout.fill(h.new.change.new_world_size)
-    staging, mesh = build_mesh(h.old_layout), build_mesh(layout)  # the first over ranks 0..N-1: joiners take part
+    layout = trained_layout(h.new)
+    staging, mesh = build_mesh(h.old_layout), build_mesh(layout)  # the first over the old ranks: joiners take part
     background = build is not None and build.close()
     meshed_at = time.perf_counter()
     staged = engines_on(h.old_layout, engines, staging)
@@ -133,10 +148,10 @@ def grow(runtime, membership: Membership, h: Handover, engines: dict, skeletons:
         setattr(runtime, role, None)  # the old world's engine: its state is staged now
     grown, moved, rounds = spread(runtime, h, staged, skeletons, layout, mesh)
     moved_at = time.perf_counter()
-    reform_rollout(runtime, engines_kept(h.new.change, h.engine_tp, h.new.rollout_tp), h.new.rollout_tp)
+    membership.placement, membership.joiners_before = h.new.placement, h.joiners_before
+    runtime.reform_rollout(h.new.change, h.engine_tp, h.new.rollout_tp)
     runtime.enter_world(layout, grown)
     runtime.sync_weights()
-    membership.placement, membership.joiners_before = h.new.placement, h.joiners_before
     return {"meshes_seconds": meshed_at - started, "background": float(background),
             "move_seconds": moved_at - meshed_at, "rollout_seconds": time.perf_counter() - moved_at, "bytes_moved": float(moved), "rounds": float(rounds)}
 
@@ -163,7 +178,9 @@ def admit_joiners(runtime, membership: Membership, joiners: list[str], step: int
         return {}
     joining = len(joiners)
     new = joined_world(membership, joining)  # a scripted join was checked before spawn, a request by rank 0
-    h = handover(runtime, membership, new, step, name) if rank == 0 else None
+    h = handover(runtime, membership, new, step, name) if rank == runtime.actor_first_rank else None
+    if runtime.actor_first_rank != 0:  # split: the training roles and the KL controller are the training set's
+        h = runtime.from_actor(h)
     membership.generation += 1
     if rank == 0:  # claimed by admitted(): from now on each is a rank of the new world
         for i, joiner in enumerate(joiners):
@@ -173,7 +190,7 @@ def admit_joiners(runtime, membership: Membership, joiners: list[str], step: int
     entering, entering_wall = time.perf_counter(), time.time()
     enter_new_world(membership.store, membership.generation, rank, world + joining, backend, build)
     entered_at = time.perf_counter()
-    engines = {move.role: getattr(runtime, move.role) for move in new.moves}
+    engines = {move.role: getattr(runtime, move.role) for move in new.moves if getattr(runtime, move.role) is not None}
     h = shared(h)
     handed_at = time.perf_counter()
     timings = grow(runtime, membership, h, engines, {}, build)
@@ -239,7 +256,7 @@ def enter_as_joiner(runtime, membership: Membership, admission: Admission, skele
     membership.generation = admission.generation
     enter_new_world(membership.store, admission.generation, admission.rank, admission.world_size, backend, build)
     h = shared(None)
-    take_over(runtime.run, h)
+    take_over(runtime, h)
     kill_point("join/move", runtime.run.dist_info.rank, runtime.run.dist_info.run_ident)  # tests: dead in the move
     grow(runtime, membership, h, {}, skeletons, build)
     return h

@@ -1,4 +1,4 @@
-"""A joining rank's process (placement=colocate; docs/elastic.md): started by the launcher beside the world
+"""A joining rank's process (placement=colocate or split; docs/elastic.md): started by the launcher beside the world
 (`elastic.events=[...,join@S]`), it prepares without the world, waits on the job's store for its boundary, enters
 the new world there (orchestrator/join.py) and runs the remaining steps as any rank does.
 
@@ -9,8 +9,9 @@ A process that asks (`elastic.join`) runs with the job's resolved config, regist
 and rank 0 admits it at the next step boundary (after the scripted changes and the SIGTERM leaves of that boundary).
 
 Preparation (`elastic/join/prepare_seconds`): the tokenizer and task, the model skeletons on meta of the roles it will
-hold, and its vLLM engine inside a private world of one (a default group over its own prefix of the job's store;
-opened with dummy weights from the model's config: the first weight sync in the new world writes every weight).
+hold, and a private world of one (a default group over its own prefix of the job's store); under colocate its vLLM
+engine inside that world (opened with dummy weights from the model's config: the first weight sync in the new world
+writes every weight). Under split a joiner enters the training set, so it starts no engine and writes no config.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ from .loop import run_steps
 from .next_world import prepare_next_world
 from .placements import scores_with_reward_model
 from .run import Run, make_run
-from .runtimes.colocate import ColocateRuntime
+from .runtimes import RUNTIMES, Runtime, runtime_name
 from .world_changes import changes_before_step
 
 
@@ -60,8 +61,8 @@ def run_joiner(cfg: Config, out_dir: Path, index: int | None) -> None:
     membership.process = process if index is not None else name  # as the launcher names it (launch/world_record.py)
     event = scripted[index][0] if index is not None else None
     run = make_run(cfg, out_dir, joiner_dist_info(cfg, process, name, store, index is not None))
-    runtime = ColocateRuntime(run)
-    runtime.prepare_to_join(membership, model_dir(run, name), process)
+    runtime = RUNTIMES[runtime_name(cfg.placement)](run)  # colocate or split: checks/elastic.py refuses the others
+    runtime.prepare_to_join(membership, model_dir(run, name) if runtime.joiner_generates else None, process)
     models = skeletons(cfg, run)
     built = time.perf_counter() - started
     kill_point("join/prepare", process, run.dist_info.run_ident)  # tests: a joiner dead before it is ready
@@ -85,7 +86,7 @@ def run_joiner(cfg: Config, out_dir: Path, index: int | None) -> None:
     mark_exited(store, name)  # trained to the end, or left the world: its end is no loss
 
 
-def enter(runtime: ColocateRuntime, membership: Membership, admission: Admission, models: dict,
+def enter(runtime: Runtime, membership: Membership, admission: Admission, models: dict,
           event: Event | None) -> None:
     """The joiner's set-up: its entry at its event, then the rest of that boundary as the old ranks run it (after a
     request, which comes last, only the next boundary's preparation)."""

@@ -1,18 +1,20 @@
-"""A live leave at a step boundary (placement=colocate; docs/elastic.md): ranks leave the job, their share of every
-training role's state moves to the survivors by VPS plan, and the survivors go on in a smaller world.
+"""A live leave at a step boundary (placement=colocate or split; docs/elastic.md): ranks leave the job, their share of
+every training role's state moves to the survivors of its set by VPS plan, and the survivors go on in a smaller world.
 
 At the boundary, on every rank of the old world, for each change due (`elastic.events` entries `leave:R@S` after step
 S, then the ranks that received SIGTERM under elastic.leave_on_sigterm=true, agreed on by one all-reduce):
 1. the new world is planned (elastic.membership.world_after: dp fills the survivors, the same global batch); a change
    that cannot happen is refused here with a message, and the run goes on in the old world;
-2. a mesh over the survivors is built inside the old world, each role's empty engine on it, and the role's parameters
-   and AdamW state move into it by VPS plan over the old world (transition.role_move: the leaving ranks send);
+2. a mesh over the training set's survivors is built inside the old world, each role's empty engine on it, and the
+   role's parameters and AdamW state move into it by VPS plan over the old world (transition.role_move: the leaving
+   ranks send; under split a rollout rank holds none, and the training state stays where it is);
 3. vLLM's process groups and the old default group are destroyed (rollout.reform: the engines stay); the leaving
    ranks stop (LeftWorld, exit code 0); the survivors join a new default group over a fresh prefix of the job's store
    (elastic.world_switch: over the groups built in the background during the step before, orchestrator/next_world.py,
-   where the change was known then), copy their shards into engines on the new world's mesh, re-form their vLLM
-   engines' groups and data-parallel places over the new world (one replica fewer per leaving rank) and sync the
-   weights into them.
+   where the change was known then), copy their shards into engines on the new world's mesh, and the runtime takes
+   its new world (`Runtime.enter_world`: colocate re-forms its vLLM engines' groups and data-parallel places over the
+   new world, one replica fewer per leaving rank; split's rollout engines live outside the world and stay) and syncs
+   the weights.
 """
 from __future__ import annotations
 
@@ -24,19 +26,21 @@ from dataclasses import replace
 import torch.distributed as dist
 
 from ..elastic.faults import kill_point
-from ..elastic.membership import MembershipError, NewWorld, WorldChange, engines_kept, live_refusal, world_after
-from ..elastic.placement import REWARD_MODEL
+from ..elastic.membership import MembershipError, NewWorld, WorldChange, live_refusal, world_after
+from ..elastic.placement import ACTOR, REWARD_MODEL
 from ..elastic.world_prebuild import WorldBuild, configured_backend, record_world, world_metrics
 from ..elastic.world_switch import enter_new_world
 from ..launch.host import store_host_rank
 from ..launch.shm import clean_shm_segments
 from ..parallel_layout import ParallelLayout
-from ..rollout.reform import reform, release_groups
+from ..rollout.reform import release_groups
 from ..train.mesh import build_mesh
 from ..transition.bind_train import train_spec
 from ..transition.relayout import bind_train_state, empty_engine_like, meta_skeleton
 from ..transition.role_move import ALL_KINDS, copy_state_locally, move_role_state, role_catalog
 from ..transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
+from ..vps.model import ModelCatalog
+from ..vps.spec import ParallelSpec
 from ..vps.tensor import Kind
 from .live_world import Membership
 
@@ -65,20 +69,37 @@ def left_world(membership: Membership, leaving: tuple[int, ...]) -> NewWorld:
     return new
 
 
+def role_sources(runtime, new: NewWorld) -> dict[str, tuple[ModelCatalog, ParallelSpec, tuple[Kind, ...]]]:
+    """Collective over the old world: each moving role's VPS catalog, its engines' spec and the kinds of state it holds
+    (AdamW moments where trained), the actor's first rank's on every rank (under split the rollout ranks hold none)."""
+    out = None
+    if dist.get_rank() == runtime.actor_first_rank:
+        out = {}
+        for move in new.moves:
+            engine = getattr(runtime, move.role)
+            kinds = ALL_KINDS if engine.optimizer is not None else (Kind.PARAM,)
+            out[move.role] = (role_catalog(engine), train_spec(bind_train_state(engine)), kinds)
+    return runtime.from_actor(out)
+
+
 def preplan_moves(runtime, new: NewWorld) -> None:
-    """Local, at the start of the step before a scripted leave: its moves' VPS plans worked out on a thread (into the
-    planner's cache), so that at the boundary only bytes move. Trained roles move their AdamW state there."""
-    rank, jobs = dist.get_rank(), []
-    for move in new.moves:
-        engine = getattr(runtime, move.role)
-        kinds = ALL_KINDS if engine.optimizer is not None else (Kind.PARAM,)
-        jobs.append((role_catalog(engine), train_spec(bind_train_state(engine)), move.dst, kinds))
+    """Collective at the start of the step before a scripted leave: its moves' VPS plans worked out on a thread (into
+    the planner's cache), so that at the boundary only bytes move. Trained roles move their AdamW state there."""
+    rank, sources = dist.get_rank(), role_sources(runtime, new)
+    jobs = [(sources[m.role][0], sources[m.role][1], m.dst, sources[m.role][2]) for m in new.moves]
 
     def plan() -> None:
         for catalog, src_spec, dst_spec, kinds in jobs:
             planned(catalog, src_spec, catalog, dst_spec, kinds, DEFAULT_BUDGET_BYTES, rank)
 
     threading.Thread(target=plan, name="rlhf_dyna-leave-plans", daemon=True).start()
+
+
+def trained_layout(new: NewWorld) -> ParallelLayout:
+    """The training layout of the new world, on its actor's set (every rank under colocate, the training set under
+    split)."""
+    ranks = new.placement.slot(new.placement.phases[0], ACTOR).ranks
+    return new.layout.fill(ranks.size, ranks.first)
 
 
 def role_layout(layout: ParallelLayout, role: str) -> ParallelLayout:
@@ -88,35 +109,31 @@ def role_layout(layout: ParallelLayout, role: str) -> ParallelLayout:
 
 
 def send_state(runtime, new: NewWorld, layout: ParallelLayout, name: str) -> tuple[dict, int, int]:
-    """Collective over the old world: every training role's state into engines on a mesh over the survivors (None on
-    the leaving ranks); (role -> engine, bytes moved, rounds). The runtime's old engines are dropped."""
-    staying = dist.get_rank() in new.change.survivors
-    mesh = build_mesh(layout, new.change.survivors)  # collective: the leaving ranks take part
+    """Collective over the old world: every training role's state into engines on a mesh over the survivors of its
+    set (`layout` of the new world, its ranks in the old numbering); (role -> engine, bytes moved, rounds), with no
+    engine on the ranks that will not hold the role. The runtime's old engines are dropped."""
+    holders = [new.change.new_ranks[r] for r in layout.ranks]
+    staying = dist.get_rank() in holders
+    mesh = build_mesh(layout, holders)  # collective: the leaving ranks and those outside the set take part
+    sources = role_sources(runtime, new)
     staged, moved, rounds = {}, 0, 0
-    for move in new.moves:  # colocate: every rank holds every training role
-        engine = getattr(runtime, move.role)
+    for move in new.moves:
+        engine = getattr(runtime, move.role)  # None on a rank outside the role's set (split's rollout ranks)
         destination = empty_engine_like(engine, role_layout(layout, move.role), mesh,
                                         meta_skeleton(engine.model)) if staying else None
-        stats = move_role_state(engine, destination, train_spec(bind_train_state(engine)), move.dst,
-                                role_catalog(engine), recorder=runtime.recorder, trace_name=name)
+        catalog, src_spec, _ = sources[move.role]
+        stats = move_role_state(engine, destination, src_spec, move.dst, catalog, recorder=runtime.recorder,
+                                trace_name=name)
         moved, rounds = moved + stats.bytes_moved, rounds + stats.rounds
-        staged[move.role] = destination
+        if destination is not None:
+            staged[move.role] = destination
         setattr(runtime, move.role, None)  # the old world's engine: its state has moved
     return staged, moved, rounds
 
 
-def reform_rollout(runtime, kept: bool, tp: int) -> None:
-    """Collective over the new world: every rank's vLLM engine re-formed over it (`kept`: its tp and place in its TP
-    group stay; a DP group one replica smaller or larger), or a new engine of `tp` on every rank."""
-    if kept:
-        reform(runtime.rollout, dist.get_rank(), dist.get_world_size())
-    else:
-        runtime.restart_rollout(tp)
-
-
 def engines_on(layout: ParallelLayout, staged: dict, mesh) -> dict:
     """The staged engines (on the survivors' mesh of the old world) copied, shard for shard, onto the new world's
-    `mesh` of `layout`."""
+    `mesh` of `layout`; {} on a rank that holds none."""
     engines = {}
     for role, engine in staged.items():
         engines[role] = empty_engine_like(engine, role_layout(layout, role), mesh, meta_skeleton(engine.model))
@@ -134,13 +151,13 @@ def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name
     if new is None:
         return {}
     kill_point("leave/move", runtime.run.dist_info.rank, runtime.run.dist_info.run_ident)  # tests: dead in a leave
-    layout = new.layout.fill(new.change.new_world_size)
+    layout = trained_layout(new)
     store, backend = membership.store, configured_backend()
     staged, moved, rounds = send_state(runtime, new, layout, name)
     moved_at = time.perf_counter()
     release_groups()  # vLLM's groups and the old default group; the engines stay
     if rank in leaving:
-        runtime.rollout = None  # its engine goes with the process
+        runtime.leave_job()
         atexit.unregister(clean_shm_segments)  # the survivors' segments: the launcher removes them when the job ends
         raise LeftWorld(f"{name}: rank {rank} left the job after sending its state ({moved / 2**20:,.2f} MiB moved "
                         f"in {rounds} rounds, {moved_at - started:.2f} s); the run goes on with "
@@ -154,10 +171,10 @@ def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name
     built_at = time.perf_counter()
     engines = engines_on(layout, staged, mesh)
     copied_at = time.perf_counter()
-    reform_rollout(runtime, engines_kept(new.change, runtime.rollout.tp, new.rollout_tp), new.rollout_tp)
+    membership.placement = new.placement
+    runtime.reform_rollout(new.change, runtime.rollout_layout.tp, new.rollout_tp)
     runtime.enter_world(layout, engines)
     runtime.sync_weights()
-    membership.placement = new.placement
     if dist.get_rank() == 0 and runtime.run.tracker is None:
         runtime.run.open_tracker()  # rank 0 has left: its successor writes the run's metrics from here on
     done = time.perf_counter()

@@ -1,5 +1,5 @@
 """The next boundary's world, known at the start of the step before it and built in the background during that step
-(placement=colocate; docs/elastic.md).
+(placement=colocate or split; docs/elastic.md).
 
 At the start of step S (after the changes of its boundary), on every rank of the world:
 1. elastic.join=RUN_DIR processes prepared by now are agreed on for the boundary after S (rank 0 reads the store, one
@@ -24,7 +24,7 @@ from ..elastic.world_prebuild import WorldBuild, WorldPlan, mesh_groups, plan_pa
 from ..parallel_layout import ParallelLayout
 from ..transition.transport import world_transport
 from .join import joined_world
-from .leave import left_world, preplan_moves
+from .leave import left_world, preplan_moves, trained_layout
 from .live_world import Membership
 
 REQUESTS = "requests"  # Membership.build_for of a build for the agreed elastic.join requests
@@ -65,7 +65,7 @@ def next_change(runtime, membership: Membership,
         if event is not None and event.leaving:
             new = left_world(membership, event.leaving)
             size = new.change.new_world_size
-            return new.change.renumbering().get(rank), size, [new.layout.fill(size)], []
+            return new.change.renumbering().get(rank), size, [trained_layout(new)], []
         if event is not None:
             first = membership.joiners_before
             joiners = [joiner_name(k) for k in range(first, first + event.joining)]
@@ -75,7 +75,7 @@ def next_change(runtime, membership: Membership,
             return None
         new = joined_world(membership, len(joiners))
         size = new.change.new_world_size
-        return rank, size, [runtime.layout, new.layout.fill(size)], joiners  # the join stages on the old layout first
+        return rank, size, [runtime.layout, trained_layout(new)], joiners  # the join stages on the old layout first
     except MembershipError:
         return None
 

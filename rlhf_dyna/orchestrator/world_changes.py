@@ -1,10 +1,10 @@
-"""The changes of world at a step boundary, in order (placement=colocate; docs/elastic.md): the scripted events due
-(`leave:R@S`: orchestrator/leave.py; `join@S`: orchestrator/join.py), then the ranks that received SIGTERM, then the
-`elastic.join=RUN_DIR` processes agreed on at the start of the step before (orchestrator/next_world.py); then the
+"""The changes of world at a step boundary, in order (placement=colocate or split; docs/elastic.md): the scripted events
+due (`leave:R@S`: orchestrator/leave.py; `join@S`: orchestrator/join.py), then the ranks that received SIGTERM, then
+the `elastic.join=RUN_DIR` processes agreed on at the start of the step before (orchestrator/next_world.py); then the
 next boundary's first change is prepared (next_world: its world built in the background during the step).
 
-A joiner enters inside the boundary, at its own event (orchestrator/joiner.py): it then runs the rest of that
-boundary from the next event on (`first`), and its first step skips the boundary it has already been through."""
+A joiner enters inside the boundary, at its own event (orchestrator/joiner.py): it then runs the rest of that boundary
+from the next event on (`first`), and its first step skips the boundary it has already been through."""
 from __future__ import annotations
 
 import torch.distributed as dist

@@ -33,6 +33,7 @@ from ..step import kl_metrics_and_update, train_roles
 
 class Runtime(ABC):
     name: str  # the registered policy name (runtimes.RUNTIMES)
+    joiner_generates = False  # a joining process starts a rollout engine of its own (orchestrator/joiner.py)
 
     def __init__(self, run: Run) -> None:
         self.run, self.cfg, self.rank = run, run.cfg, dist.get_rank()
@@ -141,6 +142,26 @@ class Runtime(ABC):
         """The metrics of the step that started at `started` (time.time()) as rank 0 logs them; changes that follow a
         step happen here."""
         return metrics
+
+    # --- a change of world (orchestrator/leave.py, join.py; placement=colocate or split) -------------------------
+    def leave_job(self) -> None:
+        """This rank has left the job, its state sent: what `close` must leave alone (nothing by default)."""
+
+    def reform_rollout(self, change, engine_tp: int, tp: int) -> None:
+        """Collective over the new world of `change` (elastic.membership.WorldChange), before `enter_world`: the
+        rollout engines of `engine_tp` over it, at rollout tp `tp` (nothing by default: engines outside the world stay
+        as they are)."""
+
+    def enter_world(self, layout, engines: dict) -> None:
+        """In the new world: this rank's engines (role -> engine; roles it does not hold are absent) on `layout`."""
+        raise NotImplementedError(f"placement={self.name} does not change its world live")
+
+    def handover_state(self) -> dict:
+        """What a joiner takes from the actor's first rank besides the loop's state (`take_handover`)."""
+        return {}
+
+    def take_handover(self, state: dict) -> None:
+        """A joiner: `handover_state` of the actor's first rank."""
 
     # --- evaluation and checkpoints -----------------------------------------------------------------------------
     def evaluate(self, prefix: str = "eval") -> dict[str, float]:

@@ -15,9 +15,11 @@ import torch.distributed as dist
 
 from ...elastic.placement import WEIGHT_SYNC
 from ...elastic.join_world import job_client_store
+from ...elastic.membership import engines_kept
 from ...parallel_layout import ParallelLayout, RolloutLayout, reached_by, switch_at
 from ...rollout.context_length import max_model_len
 from ...rollout.gpu_defaults import engine_args
+from ...rollout.reform import reform
 from ...rollout.vllm_engine import VLLMRollout
 from ...tracking.timeline import record_step_phases
 from ...train.mesh import build_mesh
@@ -35,6 +37,7 @@ from .base import Runtime
 
 class ColocateRuntime(Runtime):
     name = "colocate"
+    joiner_generates = True  # every rank holds a vLLM engine
 
     def start(self) -> None:
         cfg, run, info = self.cfg, self.run, self.run.dist_info
@@ -96,6 +99,17 @@ class ColocateRuntime(Runtime):
         # only the VPS executor has rounds to trace; naive's gathers are not traced
         name = self.cfg.rollout.sync
         return make_sync(name, **({"recorder": self.recorder} if name == "vps" else {}))
+
+    def leave_job(self) -> None:
+        self.rollout = None  # its engine goes with the process: its groups are gone, no shutdown can run
+
+    def reform_rollout(self, change, engine_tp: int, tp: int) -> None:
+        """Every rank's engine re-formed over the new world where it keeps its tp and place in its TP group (a DP
+        group one replica smaller or larger), else a new engine of `tp` on every rank."""
+        if engines_kept(change, engine_tp, tp):
+            reform(self.rollout, dist.get_rank(), dist.get_world_size())
+        else:
+            self.restart_rollout(tp)
 
     def enter_world(self, layout: ParallelLayout, engines: dict) -> None:
         """After a membership change (orchestrator/leave.py, which re-formed the rollout engine's groups): this rank's

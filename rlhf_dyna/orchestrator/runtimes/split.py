@@ -8,6 +8,11 @@ and the trained weights cross to the rollout set by a VPS plan (transition.subse
 `reshard/actor/train_actor_to_generate/*`. With placement.max_staleness=1 the rollout set generates step k+1 while the
 train set trains step k. Ranks with nothing to do in a phase wait in the next collective; each rank records the
 phases it served (transition_trace.json, timeline.png).
+
+A change of world (elastic.events, SIGTERM, elastic.join; orchestrator/world_changes.py) maps each set to its
+survivors: a rollout rank that leaves takes its engine with it (one replica fewer), a training rank's state moves to
+the training set's survivors, and joiners extend the training set (no engine: they do not generate). The rollout
+engines live outside the world, so they stay as they are; the weight sync is re-planned for the new sets.
 """
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ...elastic.placement import ACTOR, GENERATE, ROLLOUT, TRAIN_ACTOR
+from ...elastic.join_world import job_client_store
+from ...elastic.placement import ACTOR, GENERATE, ROLLOUT, TRAIN_ACTOR, Placement
 from ...models.build import save_hf_dir
 from ...models.hf_config import make_hf_config
 from ...models.meta_init import checkpoint_config
@@ -32,9 +38,12 @@ from ...transition.subset_sync import SubsetSync
 from ...transition.transport import world_device_type
 from ..batch import Sample
 from ..build import build_actor
+from ..live_world import Membership
 from ..phases import rollouts
+from ..reward_scoring import make_scorer
 from ..placements import placement_of, split_placement
 from ..step import reshard_metrics
+from ..world_changes import changes_before_step
 from .base import Runtime
 
 SYNC = f"reshard/{ACTOR}/{TRAIN_ACTOR}_to_{GENERATE}"  # the actor's weights, train set -> rollout set, every step
@@ -43,7 +52,11 @@ SYNC = f"reshard/{ACTOR}/{TRAIN_ACTOR}_to_{GENERATE}"  # the actor's weights, tr
 def split_layouts(cfg, rollout_ranks: int | None = None) -> tuple[ParallelLayout, RolloutLayout]:
     """The train set's layout and the rollout set's under the config's split, or under `rollout_ranks` rollout ranks
     from rank 0 and the rest training (re-balancing)."""
-    placement = placement_of(cfg) if rollout_ranks is None else split_placement(cfg, rollout_ranks)
+    return layouts_of(cfg, placement_of(cfg) if rollout_ranks is None else split_placement(cfg, rollout_ranks))
+
+
+def layouts_of(cfg, placement: Placement) -> tuple[ParallelLayout, RolloutLayout]:
+    """The train set's layout and the rollout set's in `placement` (the run's, or one after a change of world)."""
     rollout, train = placement.slot(GENERATE, ROLLOUT).ranks, placement.slot(TRAIN_ACTOR, ACTOR).ranks
     layout = ParallelLayout(train.size // cfg.parallel.train.tp, cfg.parallel.train.tp, cfg.parallel.train.zero,
                             first_rank=train.first)
@@ -70,6 +83,7 @@ class SplitRuntime(Runtime):
         self.recorder = self._recorder(SYNC)
         self.stale = cfg.placement.max_staleness
         self.ahead: tuple[list[Sample], float] | None = None  # max_staleness=1: the next step's samples
+        self.membership = Membership.of(cfg, job_client_store())  # elastic.events, SIGTERM and elastic.join
         self.start_train_set(mesh)
         self.model_dir = self.initial_model_dir()
         self.start_rollout_set()
@@ -87,10 +101,9 @@ class SplitRuntime(Runtime):
 
     def initial_model_dir(self) -> Path:
         """The engines open a model directory: the train set's first rank writes the initial weights (random init)."""
-        source = self.run.source
+        source, model_dir = self.run.source, self.opened_dir()
         if isinstance(source, str):
-            return Path(source)
-        model_dir = self.run.out_dir / "model_init" / "split"
+            return model_dir
         if self.actor is not None:
             weights = list(full_state_dict(self.actor))  # collective over the train set
             if self.rank == self.actor_first_rank:
@@ -98,6 +111,46 @@ class SplitRuntime(Runtime):
                 self.run.tokenizer.save(model_dir)
         dist.barrier()
         return model_dir
+
+    def opened_dir(self) -> Path:
+        """The model directory the engines opened: the checkpoint, or the initial weights the train set wrote."""
+        source = self.run.source
+        return Path(source) if isinstance(source, str) else self.run.out_dir / "model_init" / "split"
+
+    def prepare_to_join(self, membership: Membership, model_dir, process: int) -> None:
+        """A joining process, before its world exists (orchestrator/joiner.py): it will train (joiners extend the
+        training set), so it starts no engine; its roles come by plan at the boundary. `model_dir`: unused (the
+        engines opened the run's, which the policy export reads); `process` names its trace row."""
+        run = self.run
+        self.hf_config = checkpoint_config(run.source) if isinstance(run.source, str) else make_hf_config(run.source)
+        self.membership, self.model_dir, self.rank = membership, self.opened_dir(), process
+        self.stale, self.ahead = self.cfg.placement.max_staleness, None
+        self.scorer = make_scorer(self.cfg, run.task, run.tokenizer, build=False)  # None: refused with split (LIVE)
+        self.recorder = self._recorder(SYNC)
+
+    def before_step(self, step: int) -> dict[str, float]:
+        """The changes of world due now (orchestrator/world_changes.py)."""
+        return changes_before_step(self, self.membership, step) if self.membership is not None else {}
+
+    def enter_world(self, layout: ParallelLayout, engines: dict) -> None:
+        """After a change of world: this rank's training engines (none on a rollout rank), both sets' layouts from the
+        new placement, and a weight sync planned between them."""
+        for role, engine in engines.items():
+            setattr(self, role, engine)
+        self.rank = dist.get_rank()
+        self.layout, self.rollout_layout = layouts_of(self.cfg, self.membership.placement)
+        if self.layout.ranks != layout.ranks:
+            raise AssertionError(f"the training set {list(layout.ranks)} is not the placement's "
+                                 f"{list(self.layout.ranks)}")
+        self.actor_first_rank = self.layout.first_rank
+        self.sync = SubsetSync(self.hf_config, self.layout.spec(), self.rollout_layout.first_rank,
+                               self.rollout_layout.size)
+
+    def handover_state(self) -> dict:
+        return {"ahead": self.ahead}  # max_staleness=1: the next step's samples, generated before the boundary
+
+    def take_handover(self, state: dict) -> None:
+        self.ahead = state["ahead"]
 
     def generate(self, step: int) -> tuple[list[Sample], float]:
         """The step's samples on every rank (generated one step ahead with max_staleness=1) and the rollout set's

@@ -25,10 +25,13 @@ CASES = [
     (["recipe=grpo_70b", "elastic.events=[leave:120-127@5]", "dry_run=true"],
      "do not split into algorithm.mini_batches=1 x dp=15 equal shards. The global batch stays the same across a "
      "change; use e.g. task.prompts_per_step=240"),
-    (["elastic.accept_joins=true", "parallel.world_size=4", "placement=split"],
-     "elastic.accept_joins=true: this run cannot admit joining processes live: placement=split"),
-    (["elastic.events=[leave:1@2]", "parallel.world_size=4", "placement=split"],
-     "a live run cannot execute this yet: placement=split. For now a live run executes leave:R@S"),
+    (["elastic.accept_joins=true", "parallel.world_size=4", "placement=split", "+placement.roles.actor=[0,2]",
+      "+placement.roles.rollout=[2,2]"],
+     "elastic.accept_joins=true: this run cannot admit joining processes live: the rollout set [2..3] reaches the end "
+     "of the world, so joiners would generate"),
+    (["elastic.events=[leave:1@2]", "parallel.world_size=4", "placement=split", "placement.rebalance=true",
+      "task.prompts_per_step=12"],
+     "a live run cannot execute this yet: placement=split with rebalance. For now a live run executes leave:R@S"),
     (["elastic.join=/tmp/some_run"], "elastic.join=/tmp/some_run: no such directory"),
 ]
 

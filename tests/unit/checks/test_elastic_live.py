@@ -43,7 +43,7 @@ def test_ranks_may_join_a_colocated_run_live_but_not_under_torchrun():
 
 
 @pytest.mark.parametrize("events,changes,named", [
-    (["leave:1@2"], dict(placement__policy="split"), "placement=split"),
+    (["leave:1@2"], dict(placement__policy="split", placement__rebalance=True), "placement=split with rebalance"),
     ([], dict(elastic__leave_on_sigterm=True, placement__policy="lend"), "placement=lend"),
 ])
 def test_what_does_not_run_live_is_refused_naming_it(events, changes, named):
@@ -51,6 +51,23 @@ def test_what_does_not_run_live_is_refused_naming_it(events, changes, named):
         check_elastic(config(events, **changes))
     message = str(err.value)
     assert named in message and LIVE in message and "a live run cannot execute this yet" in message
+
+
+def test_a_split_run_leaves_and_joins_live_where_joiners_train():
+    """placement=split: a leave shrinks the set the rank left; joiners extend the training set, which must be last (the
+    planner gives joiners to the sets that reach the end of the world) and hold no reward model."""
+    check_elastic(config(["leave:1@2", "join@3"], placement__policy="split"))
+    check_elastic(config(["leave:3@2", "join@3"], placement__policy="split", placement__max_staleness=0))
+    assert join_refusal(config([], placement__policy="split")) is None
+    last = config(["leave:0@2", "join@3"], placement__policy="split")
+    last.placement.roles = {"actor": [0, 2], "rollout": [2, 2]}
+    check_elastic(config(["leave:0@2"], placement__policy="split", placement__roles=last.placement.roles))
+    with pytest.raises(ConfigError, match=r"join@3 \(the rollout set \[2..3\] reaches the end of the world, so "
+                                          r"joiners would generate"):
+        check_elastic(last)
+    assert "reaches the end of the world" in join_refusal(last)
+    with pytest.raises(ConfigError, match="a reward model \\(task.reward naming rm\\) under placement=split"):
+        check_elastic(config(["leave:3@2"], placement__policy="split", task__name="file", task__reward=["rm"]))
 
 
 def test_a_pipeline_layout_changes_live_and_an_expert_parallel_one_is_refused_but_planned_by_the_dry_run():

@@ -1,0 +1,101 @@
+"""End to end: ranks leave and join a live placement=split run (4 gloo ranks: vLLM engines on ranks 0-1, FSDP2
+training of the actor and its reference on ranks 2-3), `elastic.events=[leave:R@2,join@3]`.
+
+A leave shrinks the set the rank left and joiners extend the training set (docs/elastic.md, "A change of world"):
+- a training rank leaves (`leave:3@2`): its share of the actor's parameters and AdamW moments and of the reference
+  moves to the training set's survivor (dp 2 -> 1), the rollout engines stay; the joiner enters the training set again
+  (dp 1 -> 2) and starts no vLLM engine of its own;
+- a rollout rank leaves (`leave:1@2`, PPO at split's default max_staleness=1): its engine goes with it (one replica
+  fewer), the training state stays where it is (the plan moves no byte); the joiner makes the training set 3 ranks
+  (dp 3) and receives its shares of the actor, the critic and the reference, and the samples generated ahead (step 4's,
+  generated during step 3), the rollout set keeps one engine.
+Each run ends with exit code 0, leaves no process and no weight file behind, logs the world size 4, 4, 3, 4 and logs
+the same per-step losses, grad norms, rewards and eval as a run whose world never changed (relative 1e-5): at
+max_staleness=0 the session's colocate run (split logs colocate's: test_split.py), at 1 the split run without events.
+The bytes each change moved equal the dry run's planned minimum of the same command.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.app.app_runs import run_cli
+from tests.app.marked_processes import marked_processes
+from tests.app.runtimes.placed_runs import GRPO4, SYNC, assert_same_metrics, kill_marked, run, weight_files
+
+STEPS = 4
+ARGS = [a for a in GRPO4 if not a.startswith("trainer.total_steps=")] + [f"trainer.total_steps={STEPS}",
+                                                                        "placement=split", "placement.max_staleness=0"]
+
+
+@pytest.fixture
+def fixed(grpo4_colocate) -> list[dict]:
+    """The run whose world stays 4 ranks: the session's colocate run (split logs what colocate logs), steps 0-4."""
+    return grpo4_colocate[:STEPS + 1]
+
+
+def planned(tmp_path: Path, args: list[str], events: str) -> dict[str, dict]:
+    """The dry run's row of each change of the same command, by its name."""
+    dry = run_cli(*args, events, "dry_run=true", tmp_path=tmp_path / "dry")
+    assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
+    rows = json.loads((tmp_path / "dry" / "run" / "plan_summary.json").read_text())["transitions"]
+    return {r["transition"]: r for r in rows if r["transition"].startswith("elastic/")}
+
+
+def left_and_joined(run_dir: Path, args: list[str], events: str) -> list[dict]:
+    """The split run with `events` (a leave after step 2, a join after step 3), checked for what every such run
+    shows: the world sizes, the change's metrics on their steps only, no process or weight file left."""
+    before = weight_files()
+    try:
+        rows = run(run_dir, *args, events)
+    finally:
+        kill_marked(run_dir)
+    assert not marked_processes(str(run_dir)), "engine or rank processes outlived the run"
+    assert weight_files() - before == set(), "the run left weight files in /dev/shm"
+    assert [r.get("elastic/world_size") for r in rows[1:]] == [4.0, 4.0, 3.0, 4.0]
+    assert rows[3]["elastic/leave/seconds"] > 0 and rows[4]["elastic/join/seconds"] > 0
+    assert not any(k.startswith("elastic/leave/") for r in rows if r["step"] != 3 for k in r)
+    assert not any(k.startswith("elastic/join/") for r in rows if r["step"] != 4 for k in r)
+    assert all(r[f"{SYNC}/bytes_moved"] > 0 for r in rows[1:]), "a step did not sync the rollout set"
+    assert "joiner0 joins after step 3 as rank 3 of 4" in (run_dir / "logs" / "rank4.log").read_text()
+    return rows
+
+
+@pytest.mark.timeout(900)
+def test_a_training_rank_leaves_and_a_joiner_trains_in_its_place(fixed, tmp_path: Path) -> None:
+    events = "elastic.events=[leave:3@2,join@3]"
+    rows = left_and_joined(tmp_path / "train", ARGS, events)
+    assert_same_metrics(fixed, rows)
+    plans = planned(tmp_path, ARGS, events)
+    leave, join = plans["elastic/leave/3@2"], plans["elastic/join/+1@3"]
+    assert set(leave["roles"]) == set(join["roles"]) == {"actor", "reference"}
+    assert rows[3]["elastic/leave/bytes_moved"] == leave["bytes_min"] == leave["bytes_moved"] > 0
+    assert rows[4]["elastic/join/bytes_moved"] == join["bytes_min"] == join["bytes_moved"] > 0
+    log = (tmp_path / "train" / "logs" / "rank0.log").read_text()
+    assert "training layout dp1xtp1-zero3" in log and "training layout dp2xtp1-zero3" in log
+    joiner = (tmp_path / "train" / "logs" / "rank4.log").read_text()
+    assert "starting vLLM" not in joiner, "a joiner of the training set started an engine"
+
+
+@pytest.mark.timeout(900)
+def test_a_rollout_rank_leaves_with_its_engine_and_the_joiner_trains(tmp_path: Path) -> None:
+    # PPO at split's default max_staleness=1; micro-batches of 4 rows, as test_live_join.py's PPO run
+    ppo = ["recipe=ppo_tiny" if a == "recipe=grpo_tiny" else "placement.max_staleness=1" if a.startswith(
+        "placement.max_staleness=") else a.replace("micro_batch_size=16", "micro_batch_size=4") for a in ARGS]
+    try:
+        fixed = run(tmp_path / "fixed", *ppo)
+    finally:
+        kill_marked(tmp_path / "fixed")
+    events = "elastic.events=[leave:1@2,join@3]"
+    rows = left_and_joined(tmp_path / "rollout", ppo, events)
+    assert [r["placement/staleness"] for r in rows[1:]] == [0.0, 1.0, 1.0, 1.0]
+    assert {"critic/vf_loss", "critic/grad_norm"} <= rows[4].keys() and rows[4]["elastic/join/rounds"] >= 3
+    assert_same_metrics(fixed, rows)
+    plans = planned(tmp_path, ppo, events)
+    leave, join = plans["elastic/leave/1@2"], plans["elastic/join/+1@3"]
+    assert rows[3]["elastic/leave/bytes_moved"] == leave["bytes_min"] == leave["bytes_moved"] == 0  # state stays
+    assert rows[4]["elastic/join/bytes_moved"] == join["bytes_min"] == join["bytes_moved"] > 0
+    assert "training layout dp3xtp1-zero3" in (tmp_path / "rollout" / "logs" / "rank0.log").read_text()
+    assert "rank 1 left the job after sending its state" in (tmp_path / "rollout" / "logs" / "rank1.log").read_text()
