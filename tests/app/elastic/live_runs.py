@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rlhf_dyna.elastic.faults import KILL_ENV, KILL_TEXT
 from tests.app.elastic.rank_logs import announced_pid
 from tests.app.app_runs import AppProcess
 from tests.app.runtimes.placed_runs import kill_marked
@@ -43,3 +44,21 @@ def signal_rank(run_dir: Path, args: list[str], rank: int, marker: str, ready: C
         if proc.poll() is None:
             proc.kill()
         kill_marked(run_dir)
+
+
+def run_with_kill_point(run_dir: Path, *args: str, kill_at: str, limit: float = 500) -> tuple[int, str, str, float]:
+    """The app run to its end with launched rank R killing itself at point P (`kill_at` = "P@R",
+    elastic/faults.kill_point): (exit code, stdout, stderr, seconds from the kill to the launcher's exit)."""
+    rank = kill_at.rsplit("@", 1)[1]
+    proc, log = start(run_dir, *args, env={KILL_ENV: kill_at}), run_dir / "logs" / f"rank{rank}.log"
+    try:
+        deadline = time.monotonic() + limit
+        wait_for(lambda: (log.exists() and KILL_TEXT in log.read_text()) or proc.poll() is not None, "the kill",
+                 deadline)
+        killed = time.monotonic()
+        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        return proc.returncode, out, err, time.monotonic() - killed
+    finally:
+        kill_marked(run_dir)  # a hung run: every process's stacks first, the launcher's too
+        if proc.poll() is None:
+            proc.kill()

@@ -10,16 +10,15 @@ record is marked "changing", so the launcher stops the run within seconds, namin
 /dev/shm entry of the run left, and the checkpoint of the leave's step complete."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
-from rlhf_dyna.elastic.faults import KILL_ENV, KILL_TEXT
+from rlhf_dyna.elastic.faults import KILL_TEXT
 from rlhf_dyna.launch.shm import SHM_DIR
 from rlhf_dyna.orchestrator.checkpoint_dirs import scan
 from tests.app.app_runs import read_metrics
-from tests.app.elastic.live_runs import start, wait_for
+from tests.app.elastic.live_runs import run_with_kill_point
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
 
@@ -28,29 +27,12 @@ BASE = [a for a in GRPO4 if not a.startswith("trainer.total_steps=")]
 REPLICAS = ["elastic.replicas=1", "elastic.snapshot_every=1", "trainer.keep_checkpoints=0"]
 
 
-def finished(run_dir: Path, *args: str, kill_at: str, limit: float = 500) -> tuple[int, str, str, float]:
-    """The app run to its end with `kill_at` (point@launched rank) killed: (exit code, stdout, stderr, seconds from the
-    kill to the launcher's exit)."""
-    rank = kill_at.rsplit("@", 1)[1]
-    proc, log = start(run_dir, *args, env={KILL_ENV: kill_at}), run_dir / "logs" / f"rank{rank}.log"
-    try:
-        deadline = time.monotonic() + limit
-        wait_for(lambda: (log.exists() and KILL_TEXT in log.read_text()) or proc.poll() is not None, "the kill",
-                 deadline)
-        killed = time.monotonic()
-        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        return proc.returncode, out, err, time.monotonic() - killed
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        kill_marked(run_dir)
-
-
 @pytest.mark.timeout(900)
 def test_a_rank_lost_after_a_leave_and_a_join_is_survived_from_the_regrown_ring(tmp_path: Path) -> None:
     run_dir = tmp_path / "killed"
-    code, out, err, _ = finished(run_dir, *BASE, f"trainer.total_steps={STEPS}", *REPLICAS, "trainer.save_every=5",
-                                 "elastic.events=[leave:1@2,join@4]", kill_at="weight_sync/step_6@3")
+    code, out, err, _ = run_with_kill_point(run_dir, *BASE, f"trainer.total_steps={STEPS}", *REPLICAS,
+                                            "trainer.save_every=5", "elastic.events=[leave:1@2,join@4]",
+                                            kill_at="weight_sync/step_6@3")
     assert code == 0, out[-3000:] + err[-3000:]
     assert not marked_processes(str(run_dir))
     assert "rank 2 of 4 lost (process 3)" in err, err[-3000:]
@@ -76,8 +58,9 @@ def test_a_rank_lost_after_a_leave_and_a_join_is_survived_from_the_regrown_ring(
 @pytest.mark.timeout(600)
 def test_a_rank_killed_inside_a_leave_stops_the_run_cleanly(tmp_path: Path) -> None:
     run_dir = tmp_path / "leave"
-    code, out, err, seconds = finished(run_dir, *BASE, "trainer.total_steps=4", *REPLICAS, "trainer.save_every=1",
-                                       "elastic.events=[leave:3@2]", kill_at="leave/move@1", limit=400)
+    code, out, err, seconds = run_with_kill_point(run_dir, *BASE, "trainer.total_steps=4", *REPLICAS,
+                                                  "trainer.save_every=1", "elastic.events=[leave:3@2]",
+                                                  kill_at="leave/move@1", limit=400)
     assert code != 0, out[-3000:] + err[-3000:]
     assert seconds < 30, f"the stop took {seconds:.1f} s"
     assert "process 1 lost during a membership change of the 4-rank world 0" in err, err[-3000:]

@@ -21,7 +21,7 @@ from rlhf_dyna.elastic.faults import KILL_ENV, KILL_TEXT
 from rlhf_dyna.launch.shm import SHM_DIR
 from rlhf_dyna.orchestrator.checkpoint_dirs import scan
 from tests.app.app_runs import AppProcess, read_metrics
-from tests.app.elastic.live_runs import start, wait_for
+from tests.app.elastic.live_runs import run_with_kill_point, start, wait_for
 from tests.app.elastic.test_join_request import ARGS as ARGS3
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import kill_marked
@@ -31,27 +31,12 @@ ARGS = [a for a in ARGS3 if not a.startswith("trainer.total_steps=")] + [f"train
 JOINER = 3  # the joiner's launch index (world_size + 0): its kill point's rank
 
 
-def finished(run_dir: Path, *args: str, env: dict, limit: float = 400) -> tuple[int, str, str, float]:
-    """The app run to its end with `env`: (exit code, stdout, stderr, seconds from the joiner's kill to the exit)."""
-    proc, log = start(run_dir, *args, env=env), run_dir / "logs" / f"rank{JOINER}.log"
-    try:
-        deadline = time.monotonic() + limit
-        wait_for(lambda: (log.exists() and KILL_TEXT in log.read_text()) or proc.poll() is not None, "the kill",
-                 deadline)
-        killed = time.monotonic()
-        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        return proc.returncode, out, err, time.monotonic() - killed
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        kill_marked(run_dir)
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("where", ["prepare", "wait"])
 def test_a_joiner_killed_before_its_admission_is_dropped_and_the_world_trains_on(tmp_path: Path, where: str) -> None:
     run_dir = tmp_path / where
-    code, out, err, _ = finished(run_dir, *ARGS, "elastic.events=[join@2]", env={KILL_ENV: f"join/{where}@{JOINER}"})
+    code, out, err, _ = run_with_kill_point(run_dir, *ARGS, "elastic.events=[join@2]",
+                                         kill_at=f"join/{where}@{JOINER}", limit=400)
     assert code == 0, out[-3000:] + err[-3000:]
     assert not marked_processes(str(run_dir))
     assert f"joiner0 (process {JOINER}) exited with code 137 before the world admitted it; the run goes on without " \
@@ -68,8 +53,9 @@ def test_a_joiner_killed_before_its_admission_is_dropped_and_the_world_trains_on
 @pytest.mark.timeout(600)
 def test_a_joiner_killed_inside_its_join_stops_a_run_without_replicas_cleanly(tmp_path: Path) -> None:
     run_dir = tmp_path / "move"
-    code, out, err, seconds = finished(run_dir, *ARGS, "elastic.events=[join@2]", "trainer.save_every=1",
-                                       "trainer.keep_checkpoints=0", env={KILL_ENV: f"join/move@{JOINER}"})
+    code, out, err, seconds = run_with_kill_point(run_dir, *ARGS, "elastic.events=[join@2]", "trainer.save_every=1",
+                                                  "trainer.keep_checkpoints=0", kill_at=f"join/move@{JOINER}",
+                                                  limit=400)
     assert code != 0, out[-3000:] + err[-3000:]
     assert seconds < 30, f"the stop took {seconds:.1f} s"
     # the cause shown: the joiner (no record of its own) or a peer whose error was recorded before its exit was seen
