@@ -36,7 +36,8 @@ def release_groups() -> None:
 
 def reform(rollout: VLLMRollout, rank: int, world_size: int) -> None:
     """`rollout` as replica rank // tp of world_size // tp, on groups over the new default group (collective). Its tp
-    and its place in its TP group stay (elastic.membership.live_refusal refuses changes that would move them)."""
+    and its place in its TP group stay (where a change would move them, elastic.membership.engines_kept says so and the
+    runtime starts new engines instead)."""
     from vllm.config import set_current_vllm_config  # deferred, as in vllm_engine: importing vLLM costs seconds
     from vllm.distributed import parallel_state
     from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
