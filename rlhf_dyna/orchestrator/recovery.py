@@ -1,5 +1,6 @@
-"""Surviving a lost rank (elastic.replicas=1 or elastic.recover_from_checkpoint, placement=colocate; docs/elastic.md,
-"Replicas and recovery").
+"""Surviving a lost rank (elastic.replicas=1 or elastic.recover_from_checkpoint, placement=colocate or lend;
+docs/elastic.md, "Replicas and recovery"; under lend the snapshot is of the step's end, every role at home, and the
+new world's lend sets come with its placement, Runtime.enter_world).
 
 Every `elastic.snapshot_every` steps, at the step's end, each rank copies its shard of every training role's state
 (fp32 parameters and AdamW moments of the actor and critic, the reference's parameters) to host memory and sends it
