@@ -169,7 +169,7 @@ class LendRuntime(ColocateRuntime):
         return PlacedTraining(placement, builder, self.cfg.parallel.train.tp, self.rank, self.recorder,
                               (info.rank, info.run_ident))
 
-    def enter_world(self, layout: ParallelLayout, engines: dict, placement: Placement | None = None) -> None:
+    def enter_world(self, layout: ParallelLayout, engines: dict, placement: Placement) -> None:
         """After a change of world (every role at home): the colocated engines on the new world and lend's sets
         re-planned over it; the old sets' lent engines and groups (of a world that is gone) are dropped."""
         super().enter_world(layout, engines, placement)

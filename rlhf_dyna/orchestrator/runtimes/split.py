@@ -132,7 +132,7 @@ class SplitRuntime(Runtime):
         """The changes of world due now (orchestrator/world_changes.py)."""
         return changes_before_step(self, self.membership, step) if self.membership is not None else {}
 
-    def enter_world(self, layout: ParallelLayout, engines: dict, placement=None) -> None:
+    def enter_world(self, layout: ParallelLayout, engines: dict, placement) -> None:
         """After a change of world: this rank's training engines (none on a rollout rank), both sets' layouts from the
         new placement, and a weight sync planned between them."""
         for role, engine in engines.items():
