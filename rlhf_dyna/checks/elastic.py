@@ -13,22 +13,24 @@ from ..orchestrator.placements import placement_of, scores_with_reward_model
 from ..errors import ConfigError
 
 LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM), and join@S and join:N@S, under "
-        "placement=colocate, or placement=split without rebalance (a leave shrinks the set the rank left, joiners "
-        "extend the training set), with a training layout of dp, tp and pp (parallel.train cp, ep = 1), no "
-        "parallel.schedule, a reward model (task.reward naming rm) only under colocate without reward_model.offload, "
+        "placement=colocate, placement=split without rebalance (a leave shrinks the set the rank left, joiners "
+        "extend the training set), or placement=lend (every role at home at the boundary; the actor's and the "
+        "critic's sets re-planned over the new world), with a training layout of dp, tp and pp (parallel.train cp, "
+        "ep = 1; lend: pp = 1), no parallel.schedule, a reward model (task.reward naming rm) only under colocate without reward_model.offload, "
         "no algorithm=reward_model, any rollout.tp (vLLM engines restarted where a change moves their tp or a rank's "
         "place in a TP group; split's engines are tp=1), launched by python -m rlhf_dyna (not torchrun: its launcher "
-        "starts the joining processes); placement=lend and placement.rebalance stay refused")
+        "starts the joining processes); placement.rebalance stays refused")
 
 
 def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torchrun: bool = False) -> list[str]:
     """What of a run with these changes (each event with the world after it) a live run cannot execute yet
     (docs/elastic.md); [] = it can."""
     t, problems, split = cfg.parallel.train, [], cfg.placement.policy == "split"
-    if cfg.placement.policy not in ("colocate", "split") or cfg.placement.rebalance:
+    if cfg.placement.policy not in ("colocate", "split", "lend") or cfg.placement.rebalance:
         problems.append(f"placement={cfg.placement.policy}{' with rebalance' if cfg.placement.rebalance else ''}")
-    if split and scores_with_reward_model(cfg):  # its scorer's set and groups are the training set's
-        problems.append("a reward model (task.reward naming rm) under placement=split")
+    # split: the scorer's set and groups are the training set's; lend: a scorer beside lent roles is untried live
+    if cfg.placement.policy != "colocate" and scores_with_reward_model(cfg):
+        problems.append(f"a reward model (task.reward naming rm) under placement={cfg.placement.policy}")
     # expert parallel: its MoE rollout on the CPU needs one vLLM TP group over every rank, which no change keeps
     problems += [f"parallel.train.{name}={getattr(t, name)}" for name in ("cp", "ep") if getattr(t, name) != 1]
     if cfg.parallel.schedule:

@@ -12,7 +12,8 @@ from ..orchestrator.membership import global_batch, membership_worlds
 from ..orchestrator.placements import placement_request, scores_with_reward_model
 from ..elastic.policies import make_placement
 
-RECOVERS = ("recovery from a lost rank runs under placement=colocate with a training layout of dp, tp and pp "
+RECOVERS = ("recovery from a lost rank runs under placement=colocate or placement=lend (snapshots at the step's end, "
+            "every role at home; a rank lost inside lend's moves too) with a training layout of dp, tp and pp "
             "(parallel.train cp, ep = 1, zero=3), rollout.tp=1, model.dtype=float32, no parallel.schedule, no "
             "reward model, launched by python -m rlhf_dyna (not torchrun); elastic.events, elastic.leave_on_sigterm and "
             "elastic.join requests change the world beside it (a rank lost inside a leave stops the run)")
@@ -21,7 +22,7 @@ RECOVERS = ("recovery from a lost rank runs under placement=colocate with a trai
 def recovery_problems(cfg: Config, under_torchrun: bool = False) -> list[str]:
     """What of this run recovery from a lost rank cannot handle yet; [] = it can."""
     t, problems = cfg.parallel.train, []
-    if cfg.placement.policy != "colocate" or cfg.placement.rebalance:
+    if cfg.placement.policy not in ("colocate", "lend") or cfg.placement.rebalance:
         problems.append(f"placement={cfg.placement.policy}{' with rebalance' if cfg.placement.rebalance else ''}")
     problems += [f"parallel.train.{name}={getattr(t, name)}" for name in ("cp", "ep") if getattr(t, name) != 1]
     if t.zero != 3:  # a snapshot reads the shards; ZeRO-1/2's gathered replicas would have to be rebuilt after it

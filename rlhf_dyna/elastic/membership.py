@@ -26,9 +26,9 @@ from itertools import product
 from ..parallel_layout import LayoutError, ParallelLayout, divisors
 from ..vps.spec import ParallelSpec, describe_ranks, placed_on
 from ..vps.tensor import Kind
-from .placement import (ACTOR, CRITIC, REFERENCE, REWARD_MODEL, ROLLOUT, TRAIN_ACTOR, TRAIN_CRITIC, Placement, RankSet,
-                        RoleSlot, resident)
-from .policies import rollout_spec_on, train_spec_on
+from .placement import (ACTOR, CRITIC, PREPARE, REFERENCE, REWARD_MODEL, ROLLOUT, TRAIN_ACTOR, TRAIN_CRITIC, Placement,
+                        RankSet, RoleSlot, resident)
+from .policies import lend_sets, rollout_spec_on, train_spec_on
 from .validate import PlacementError, check_placement
 
 TRAINED_IN = {ACTOR: TRAIN_ACTOR, CRITIC: TRAIN_CRITIC}  # the phase whose set shards a role's rows over its dp
@@ -161,16 +161,35 @@ def rollout_tp_for(tp: int, sizes: list[int]) -> int:
     return next(t for t in sorted(divisors(tp), reverse=True) if all(s % t == 0 for s in sizes))
 
 
+def relent_sets(placement: Placement, change: WorldChange, what: str) -> dict[tuple[str, str], RankSet]:
+    """lend's training sets re-planned over the new world by the actor's share ({} for other policies, and for sets
+    placement.roles gave, which map to their survivors); refuses a world too small for both."""
+    share, size = placement.actor_share, change.new_world_size
+    if placement.policy != "lend" or share is None:
+        return {}
+    actor, critic = lend_sets(size, share)
+    if actor.size < 1 or critic.size < 1:
+        asked = f"placement.train_ranks={share}" if share else "placement.train_ranks=0: half of the world"
+        raise MembershipError(
+            f"{what}: placement=lend trains the actor and the critic at once on two disjoint sets of the world (the "
+            f"actor's: {asked}), and a world of {size} rank{'s' if size != 1 else ''} has no room for both. Keep at "
+            f"least {max(2, share + 1)} ranks{' (or lower placement.train_ranks)' if share > 1 else ''}, or use "
+            f"placement=colocate.")
+    return {(phase, role): ranks for phase in (TRAIN_ACTOR, TRAIN_CRITIC)
+            for role, ranks in ((ACTOR, actor), (CRITIC, critic))}
+
+
 def mapped_slots(placement: Placement, change: WorldChange, what: str) -> dict[str, dict[str, RankSet | None]]:
     """phase -> role -> the role's set after the change (None: parked); refuses a set the change empties."""
     out: dict[str, dict[str, RankSet | None]] = {}
+    relent = relent_sets(placement, change, what)
     for phase, by_role in placement.slots.items():
         out[phase] = {}
         for role, slot in by_role.items():
             if slot.parked:
                 out[phase][role] = None
                 continue
-            after = change.set_after(slot.ranks)  # type: ignore[arg-type]
+            after = relent.get((phase, role)) or change.set_after(slot.ranks)  # type: ignore[arg-type]
             if after.size < 1:
                 raise MembershipError(
                     f"{what} empties the {role}'s set {slot.ranks.describe()} in {phase} "  # type: ignore[union-attr]
@@ -193,14 +212,15 @@ def check_batch(new: Placement, layout: ParallelLayout, rollout_tp: int, batch: 
     """The same global batch in the new world: rows over each trained role's dp, prompts over the rollout replicas."""
     rollout = new.slot(new.phases[0], ROLLOUT).ranks
     replicas = rollout.size // rollout_tp if rollout is not None else 1
-    for role, phase in TRAINED_IN.items():
-        if role not in new.roles or new.slot(phase, role).parked:
+    for role, phase in (*TRAINED_IN.items(), (ACTOR, PREPARE)):  # lend prepares on every rank, trains on a set
+        if role not in new.roles or phase not in new.slots or new.slot(phase, role).parked:
             continue
         ranks = new.slot(phase, role).ranks
         dp = ranks.size // layout.inner  # type: ignore[union-attr]
         if batch.rows % (batch.mini_batches * dp):
             raise MembershipError(
-                f"{what}: the {role} would train with dp={dp} ({ranks.size} ranks / tp*pp*cp={layout.inner}), but the "
+                f"{what}: the {role} would {'prepare' if phase == PREPARE else 'train'} with dp={dp} ({ranks.size} "
+                f"ranks / tp*pp*cp={layout.inner}), but the "
                 f"{batch.rows} rows per step (task.prompts_per_step={batch.prompts} x rollout.n="
                 f"{batch.rows // batch.prompts}) do not split into algorithm.mini_batches={batch.mini_batches} x "
                 f"dp={dp} equal shards. The global batch stays the same across a change; use e.g. "

@@ -79,6 +79,7 @@ class Placement:
     staleness: int = 0
     phases: tuple[str, ...] = PHASES
     notes: tuple[str, ...] = field(default=())
+    actor_share: int | None = None  # lend: the actor's training set as asked (0 = half), re-planned in every world
 
     @property
     def roles(self) -> tuple[str, ...]:

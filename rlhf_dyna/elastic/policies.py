@@ -94,6 +94,13 @@ def split(req: PolicyRequest) -> Placement:
     return Placement("split", req.world_size, _uniform(req, where), _active(req), overlap, req.max_staleness)
 
 
+def lend_sets(world_size: int, share: int) -> tuple[RankSet, RankSet]:
+    """lend's training sets over a world: the actor on the first `share` ranks (0: half of them), the critic on the
+    rest."""
+    actor = RankSet(0, share or world_size // 2)
+    return actor, RankSet(actor.stop, world_size - actor.stop)
+
+
 def lend(req: PolicyRequest) -> Placement:
     """PPO: all ranks generate and prepare; for training, the actor moves to one half and the critic to the other
     and both train at the same time; both move back onto all ranks before the next generation."""
@@ -107,7 +114,8 @@ def lend(req: PolicyRequest) -> Placement:
                              "generates, so generation cannot overlap training; use 0.")
     given = dict(req.explicit)
     everyone = RankSet(0, req.world_size)
-    actor_set = given.get(ACTOR, RankSet(0, req.train_ranks or req.world_size // 2))
+    actor_set, critic_set = lend_sets(req.world_size, req.train_ranks)
+    actor_set = given.get(ACTOR, actor_set)
     critic_set = given.get(CRITIC, RankSet(actor_set.stop, req.world_size - actor_set.stop))
     check_sets(req.world_size, {"placement set of actor": actor_set, "placement set of critic": critic_set},
                disjoint=(("placement set of actor", "placement set of critic"),))
@@ -117,7 +125,8 @@ def lend(req: PolicyRequest) -> Placement:
         home[REWARD_MODEL] = _slot(REWARD_MODEL, given[REWARD_MODEL], req)
     training = dict(home, **{ACTOR: _slot(ACTOR, actor_set, req), CRITIC: _slot(CRITIC, critic_set, req)})
     slots = {GENERATE: home, PREPARE: dict(home), TRAIN_ACTOR: training, TRAIN_CRITIC: dict(training)}
-    return Placement("lend", req.world_size, slots, _active(req), ((TRAIN_ACTOR, TRAIN_CRITIC),))
+    share = None if ACTOR in given or CRITIC in given else req.train_ranks  # sets given: mapped at a change
+    return Placement("lend", req.world_size, slots, _active(req), ((TRAIN_ACTOR, TRAIN_CRITIC),), actor_share=share)
 
 
 POLICIES: dict[str, Callable[[PolicyRequest], Placement]] = {"colocate": colocate, "split": split, "lend": lend}

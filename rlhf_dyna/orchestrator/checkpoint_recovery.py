@@ -31,17 +31,17 @@ def newest_complete(run_dir: Path) -> Path | None:
     return Path(box[0]) if box[0] is not None else None
 
 
-def load_in_place(run: Run, runtime, layout: ParallelLayout, path: Path, reform_rollout) -> int:
-    """Collective over the new world: every role this rank held rebuilt empty on `layout`'s mesh, the rollout re-formed
-    (`reform_rollout()`), the checkpoint at `path` loaded into the engines and the run's state, the weights synced;
-    the checkpoint's step (the caller rewinds the metrics to it)."""
+def load_in_place(run: Run, runtime, layout: ParallelLayout, placement, path: Path, reform_rollout) -> int:
+    """Collective over the new world (of `placement`): every role this rank held rebuilt empty on `layout`'s mesh, the
+    rollout re-formed (`reform_rollout()`), the checkpoint at `path` loaded into the engines and the run's state, the
+    weights synced; the checkpoint's step (the caller rewinds the metrics to it)."""
     mesh, engines = build_mesh(layout), {}
     for role, old in runtime.engines().items():
         if old is not None:
             engines[role] = empty_engine_like(old, layout, mesh, meta_skeleton(old.model))
             setattr(runtime, role, None)  # the old world's engine: its state is rebuilt
     reform_rollout()
-    runtime.enter_world(layout, engines)
+    runtime.enter_world(layout, engines, placement)
     state = runtime.restore(path)  # as trainer.resume: engines, this rank's RNGs, the task's position
     run.rng = state.loop_rng
     if state.kl_coef is not None:

@@ -1,4 +1,4 @@
-"""A live join at a step boundary (placement=colocate or split; docs/elastic.md): new ranks enter the job, every
+"""A live join at a step boundary (placement=colocate, split or lend; docs/elastic.md): new ranks enter the job, every
 training role's state spreads over its larger set by VPS plan (colocate: the whole world; split: the training set,
 which the joiners extend), and the run goes on with the same global batch.
 
@@ -150,7 +150,7 @@ def grow(runtime, membership: Membership, h: Handover, engines: dict, skeletons:
     moved_at = time.perf_counter()
     membership.placement, membership.joiners_before = h.new.placement, h.joiners_before
     runtime.reform_rollout(h.new.change, h.engine_tp, h.new.rollout_tp)
-    runtime.enter_world(layout, grown)
+    runtime.enter_world(layout, grown, h.new.placement)
     runtime.sync_weights()
     return {"meshes_seconds": meshed_at - started, "background": float(background),
             "move_seconds": moved_at - meshed_at, "rollout_seconds": time.perf_counter() - moved_at, "bytes_moved": float(moved), "rounds": float(rounds)}

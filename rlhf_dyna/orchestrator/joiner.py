@@ -1,4 +1,4 @@
-"""A joining rank's process (placement=colocate or split; docs/elastic.md): started by the launcher beside the world
+"""A joining rank's process (placement=colocate, split or lend; docs/elastic.md): started by the launcher beside the world
 (`elastic.events=[...,join@S]`), it prepares without the world, waits on the job's store for its boundary, enters
 the new world there (orchestrator/join.py) and runs the remaining steps as any rank does.
 
@@ -61,7 +61,7 @@ def run_joiner(cfg: Config, out_dir: Path, index: int | None) -> None:
     membership.process = process if index is not None else name  # as the launcher names it (launch/world_record.py)
     event = scripted[index][0] if index is not None else None
     run = make_run(cfg, out_dir, joiner_dist_info(cfg, process, name, store, index is not None))
-    runtime = RUNTIMES[runtime_name(cfg.placement)](run)  # colocate or split: checks/elastic.py refuses the others
+    runtime = RUNTIMES[runtime_name(cfg.placement)](run)  # colocate, split or lend: checks/elastic.py refuses the others
     runtime.prepare_to_join(membership, model_dir(run, name) if runtime.joiner_generates else None, process)
     models = skeletons(cfg, run)
     built = time.perf_counter() - started

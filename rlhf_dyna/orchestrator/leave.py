@@ -1,4 +1,4 @@
-"""A live leave at a step boundary (placement=colocate or split; docs/elastic.md): ranks leave the job, their share of
+"""A live leave at a step boundary (placement=colocate, split or lend; docs/elastic.md): ranks leave the job, their share of
 every training role's state moves to the survivors of its set by VPS plan, and the survivors go on in a smaller world.
 
 At the boundary, on every rank of the old world, for each change due (`elastic.events` entries `leave:R@S` after step
@@ -173,7 +173,7 @@ def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name
     copied_at = time.perf_counter()
     membership.placement = new.placement
     runtime.reform_rollout(new.change, runtime.rollout_layout.tp, new.rollout_tp)
-    runtime.enter_world(layout, engines)
+    runtime.enter_world(layout, engines, new.placement)
     runtime.sync_weights()
     if dist.get_rank() == 0 and runtime.run.tracker is None:
         runtime.run.open_tracker()  # rank 0 has left: its successor writes the run's metrics from here on

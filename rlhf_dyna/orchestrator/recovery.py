@@ -1,5 +1,6 @@
-"""Surviving a lost rank (elastic.replicas=1 or elastic.recover_from_checkpoint, placement=colocate; docs/elastic.md,
-"Replicas and recovery").
+"""Surviving a lost rank (elastic.replicas=1 or elastic.recover_from_checkpoint, placement=colocate or lend;
+docs/elastic.md, "Replicas and recovery"; under lend the snapshot is of the step's end, every role at home, and the
+new world's lend sets come with its placement, Runtime.enter_world).
 
 Every `elastic.snapshot_every` steps, at the step's end, each rank copies its shard of every training role's state
 (fp32 parameters and AdamW moments of the actor and critic, the reference's parameters) to host memory and sends it
@@ -270,7 +271,7 @@ class Recovery:
 
         entered = time.perf_counter()
         if source == "checkpoint":
-            back_to, moved, whence = self.from_checkpoint(run, runtime, layout, reform_rollout, lost, step, err)
+            back_to, moved, whence = self.from_checkpoint(run, runtime, new, layout, reform_rollout, lost, step, err)
             restored = rolled = time.perf_counter()  # the load is the move; the rollout is re-formed inside it
         else:
             back_to, moved, whence, restored = self.from_replicas(run, runtime, new, layout, reform_rollout,
@@ -301,7 +302,7 @@ class Recovery:
             self.pending["elastic/recovery/snapshot_seconds"] = self.sent["elastic/snapshot/seconds"]
         return back_to + 1
 
-    def from_checkpoint(self, run: Run, runtime, layout, reform_rollout, lost: tuple[int, ...], step: int,
+    def from_checkpoint(self, run: Run, runtime, new, layout, reform_rollout, lost: tuple[int, ...], step: int,
                         err: BaseException) -> tuple[int, int, str]:
         """The newest complete checkpoint loaded in place on the new world: (its step, 0 bytes moved, what was done)."""
         self.roles, self.loop, self.staged = {}, None, None  # the old ring's snapshots: not of the state loaded
@@ -309,7 +310,7 @@ class Recovery:
         if path is None:
             raise RecoveryImpossible(f"rank {list(lost)} lost during step {step} with pieces no replica holds, "
                                      f"and no complete checkpoint under {run.out_dir} to load") from err
-        back_to = load_in_place(run, runtime, layout, path, reform_rollout)
+        back_to = load_in_place(run, runtime, layout, new.placement, path, reform_rollout)
         why = "no surviving replica holds all of it" if self.snapshots else "no replicas kept"
         return back_to, 0, f"{why}: loaded {path} in place"
 
@@ -330,7 +331,7 @@ class Recovery:
         engines, moved = self.restore_replicas(runtime, new, layout, served)
         restored = time.perf_counter()
         reform_rollout()
-        runtime.enter_world(layout, engines)
+        runtime.enter_world(layout, engines, new.placement)
         runtime.sync_weights()
         self.loop.restore(run)
         whence = (f"rebuilt its state from the replicas on rank {', '.join(str(holder_of(r, served.world_size)) for r in served.lost)} and the survivors' own shards "

@@ -143,7 +143,7 @@ class Runtime(ABC):
         step happen here."""
         return metrics
 
-    # --- a change of world (orchestrator/leave.py, join.py; placement=colocate or split) -------------------------
+    # --- a change of world (orchestrator/leave.py, join.py, recovery.py) -------------------------------------------
     def leave_job(self) -> None:
         """This rank has left the job, its state sent: what `close` must leave alone (nothing by default)."""
 
@@ -152,8 +152,9 @@ class Runtime(ABC):
         rollout engines of `engine_tp` over it, at rollout tp `tp` (nothing by default: engines outside the world stay
         as they are)."""
 
-    def enter_world(self, layout, engines: dict) -> None:
-        """In the new world: this rank's engines (role -> engine; roles it does not hold are absent) on `layout`."""
+    def enter_world(self, layout, engines: dict, placement) -> None:
+        """In the new world: this rank's engines (role -> engine; roles it does not hold are absent) on `layout`, and
+        the world's `placement` (elastic.placement.Placement, in the new numbering)."""
         raise NotImplementedError(f"placement={self.name} does not change its world live")
 
     def handover_state(self) -> dict:

@@ -111,7 +111,7 @@ class ColocateRuntime(Runtime):
         else:
             self.restart_rollout(tp)
 
-    def enter_world(self, layout: ParallelLayout, engines: dict) -> None:
+    def enter_world(self, layout: ParallelLayout, engines: dict, placement) -> None:
         """After a membership change (orchestrator/leave.py, which re-formed the rollout engine's groups): this rank's
         engines and the rollout's layout in the new world; a new weight sync (its plans were the old world's)."""
         for role, engine in engines.items():

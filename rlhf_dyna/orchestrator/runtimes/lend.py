@@ -7,6 +7,11 @@ The moves are the placement's own changes (`elastic.placement.changes`), logged 
 groups are built by the world builder on a background thread from before the first step, while the step-0
 evaluation, the generation and the preparation of step 1 compute; each switch reports the builder's seconds and the
 seconds it actually waited (`placement/build_seconds`, `placement/wait_seconds`).
+
+A change of world (elastic.events, SIGTERM, elastic.join, a lost rank's recovery) comes at a step boundary, where every
+role is at home on every rank: it is colocate's change, and lend's two sets are re-planned over the new world
+(elastic.membership: the actor's share, placement.train_ranks or half, of the new world), their meshes and groups built
+anew from the next generation on.
 """
 from __future__ import annotations
 
@@ -17,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from ...config import Config
-from ...elastic.faults import fault_point
-from ...elastic.placement import ACTOR, CRITIC, GENERATE, TRAIN_ACTOR, Placement, RoleSlot, changes
+from ...elastic.faults import fault_point, kill_point
+from ...elastic.placement import ACTOR, CRITIC, GENERATE, TRAIN_ACTOR, TRAIN_CRITIC, Placement, RoleSlot, changes
 from ...elastic.world_builder import BuiltWorld, WorldBuilder, mesh_key
 from ...parallel_layout import ParallelLayout
 from ...tracking.timeline import record_phase
@@ -58,6 +63,8 @@ class PlacedTraining:
     tp: int
     rank: int
     recorder: object = None
+    launched: tuple[int, str] = (0, "")  # (launched rank, run ident): this process for elastic.faults.kill_point
+    started: bool = False  # the builder's thread
     lent: dict[str, TrainEngine] = field(default_factory=dict)  # role -> its engine on this rank's set (members)
     parked: dict[str, ParkedState] = field(default_factory=dict)  # role -> its home state's storages while lent
 
@@ -77,8 +84,14 @@ class PlacedTraining:
             self.lent[role] = engine_on(home[role], world.mesh(slot.spec))  # type: ignore[arg-type]
         return self.lent[role]
 
-    def enter(self, phase: str, home: dict[str, TrainEngine]) -> dict[str, float]:
-        """Collective: run the role moves into `phase`; their metrics and the builder's seconds."""
+    def start(self) -> None:
+        """The sets' meshes and groups start building (on a thread on gloo), once."""
+        if not self.started:
+            self.builder.start()
+            self.started = True
+
+    def enter(self, phase: str, home: dict[str, TrainEngine], step: int) -> dict[str, float]:
+        """Collective: run the role moves of `step` into `phase`; their metrics and the builder's seconds."""
         moves = [c for c in changes(self.placement) if c.to_phase == phase and c.is_vps]
         if not moves:
             return {}
@@ -88,6 +101,8 @@ class PlacedTraining:
             src = self._engine_in(change.role, change.src, home, world)
             dst = self._engine_in(change.role, change.dst, home, world)
             fault_point(change.name, self.rank)
+            if change.role == ACTOR and phase == TRAIN_ACTOR:  # tests: a rank dead in the step's first move
+                kill_point(f"lend/move/step_{step}", *self.launched)
             if dst is home[change.role] and change.role in self.parked:
                 self.parked.pop(change.role).unpark()  # storage back; the move fills it
             stats = move_role_state(src, dst, self._spec(change.src), self._spec(change.dst),
@@ -109,7 +124,7 @@ class PlacedTraining:
         (concurrently across the sets), moves them home. Returns (actor, critic, timings, placement) metrics."""
         alg, home = cfg.algorithm, {ACTOR: actor, CRITIC: critic}
         full = whole_batch(batch, actor, alg.mini_batches)
-        metrics = self.enter(TRAIN_ACTOR, home)
+        metrics = self.enter(TRAIN_ACTOR, home, step)
         trained: dict[str, tuple[dict, float]] = {}
         for role, engine in self.lent.items():
             wall, t0 = time.time(), time.perf_counter()
@@ -118,7 +133,7 @@ class PlacedTraining:
             # this rank's own phase, at its real time (the sets train at once)
             record_phase(self.recorder, f"train_{role}", step, wall, trained[role][1], role)
         dist.barrier()  # the slower set's training is the phase's time, not the move's that follows it
-        back = self.enter(GENERATE, home)
+        back = self.enter(GENERATE, home, step)
         back["placement/wait_seconds"] += metrics["placement/wait_seconds"]  # the step's switches waited this long
         metrics.update(back)
         gathered: list = [None] * dist.get_world_size()
@@ -133,18 +148,43 @@ class PlacedTraining:
         return role_metrics[ACTOR], role_metrics[CRITIC], timings, metrics
 
     def close(self) -> None:
-        self.builder.join(timeout=60)
+        if self.started:
+            self.builder.join(timeout=60)
 
 
 class LendRuntime(ColocateRuntime):
     name = "lend"
+    placed: PlacedTraining | None = None  # the sets of the current world
 
     def begin(self) -> None:
-        """Start building the placement's rank sets' meshes and groups in the background (collective)."""
-        placement = placement_of(self.cfg)
+        """The launched world's sets (a joiner's came with its world, enter_world)."""
+        if self.placed is None:
+            self.placed = self.placed_training(placement_of(self.cfg))
+
+    def placed_training(self, placement: Placement) -> PlacedTraining:
+        """`placement`'s sets over the current world, their builder not started yet (`generate` starts it)."""
         home = placement.slot(GENERATE, ACTOR).spec
-        builder = WorldBuilder([placement], known={mesh_key(home): self.actor.mesh}).start()  # type: ignore[arg-type]
-        self.placed = PlacedTraining(placement, builder, self.cfg.parallel.train.tp, self.rank, self.recorder)
+        builder = WorldBuilder([placement], known={mesh_key(home): self.actor.mesh})  # type: ignore[arg-type]
+        info = self.run.dist_info
+        return PlacedTraining(placement, builder, self.cfg.parallel.train.tp, self.rank, self.recorder,
+                              (info.rank, info.run_ident))
+
+    def enter_world(self, layout: ParallelLayout, engines: dict, placement: Placement) -> None:
+        """After a change of world (every role at home): the colocated engines on the new world and lend's sets
+        re-planned over it; the old sets' lent engines and groups (of a world that is gone) are dropped."""
+        super().enter_world(layout, engines, placement)
+        self.placed = self.placed_training(placement)
+        if self.rank == 0:
+            actor, critic = placement.slot(TRAIN_ACTOR, ACTOR).ranks, placement.slot(TRAIN_CRITIC, CRITIC).ranks
+            print(f"rlhf_dyna: placement=lend over {placement.world_size} ranks: the actor trains on "
+                  f"{actor.describe()}, the critic on {critic.describe()}", flush=True)
+
+    def generate(self, step: int) -> tuple[list[Sample], float]:
+        """The sets' meshes and groups build on a thread while the step generates: after the boundary's changes and
+        the snapshot ring over a new world, which create groups on this thread (every rank must create groups in one
+        order)."""
+        self.placed.start()
+        return super().generate(step)
 
     def train(self, step: int, batch: dict | None, samples: list[Sample], prepared: dict[str, float],
               ) -> dict[str, float]:
@@ -161,7 +201,7 @@ class LendRuntime(ColocateRuntime):
         return super().finish_step(step, metrics, started)
 
     def close(self, failed: bool) -> None:
-        if not failed and getattr(self, "placed", None) is not None:
+        if not failed and self.placed is not None:
             self.placed.close()
         super().close(failed)
 

@@ -132,13 +132,13 @@ class SplitRuntime(Runtime):
         """The changes of world due now (orchestrator/world_changes.py)."""
         return changes_before_step(self, self.membership, step) if self.membership is not None else {}
 
-    def enter_world(self, layout: ParallelLayout, engines: dict) -> None:
+    def enter_world(self, layout: ParallelLayout, engines: dict, placement) -> None:
         """After a change of world: this rank's training engines (none on a rollout rank), both sets' layouts from the
         new placement, and a weight sync planned between them."""
         for role, engine in engines.items():
             setattr(self, role, engine)
         self.rank = dist.get_rank()
-        self.layout, self.rollout_layout = layouts_of(self.cfg, self.membership.placement)
+        self.layout, self.rollout_layout = layouts_of(self.cfg, placement)
         if self.layout.ranks != layout.ranks:
             raise AssertionError(f"the training set {list(layout.ranks)} is not the placement's "
                                  f"{list(self.layout.ranks)}")

@@ -44,7 +44,8 @@ def test_ranks_may_join_a_colocated_run_live_but_not_under_torchrun():
 
 @pytest.mark.parametrize("events,changes,named", [
     (["leave:1@2"], dict(placement__policy="split", placement__rebalance=True), "placement=split with rebalance"),
-    ([], dict(elastic__leave_on_sigterm=True, placement__policy="lend"), "placement=lend"),
+    ([], dict(elastic__leave_on_sigterm=True, placement__policy="lend", algorithm__name="ppo", task__name="file",
+              task__reward=["rm"]), "a reward model (task.reward naming rm) under placement=lend"),
 ])
 def test_what_does_not_run_live_is_refused_naming_it(events, changes, named):
     with pytest.raises(ConfigError) as err:
@@ -68,6 +69,18 @@ def test_a_split_run_leaves_and_joins_live_where_joiners_train():
     assert "reaches the end of the world" in join_refusal(last)
     with pytest.raises(ConfigError, match="a reward model \\(task.reward naming rm\\) under placement=split"):
         check_elastic(config(["leave:3@2"], placement__policy="split", task__name="file", task__reward=["rm"]))
+
+
+def test_a_lend_run_leaves_and_joins_live_where_the_new_world_holds_both_sets():
+    """placement=lend: every role is at home at a boundary, and the actor's and the critic's sets are re-planned over
+    the new world; a world too small for both is refused before spawn, naming the event."""
+    check_elastic(config(["leave:3@2", "join@4"], placement__policy="lend", algorithm__name="ppo"))
+    assert join_refusal(config([], placement__policy="lend", algorithm__name="ppo")) is None
+    with pytest.raises(ConfigError, match=r"elastic.events entry 'leave:1@2' \(after step 2\): rank 1 leaves \(2 -> 1 "
+                                          r"ranks\): placement=lend trains the actor and the critic at once .* a world of "
+                                          r"1 rank has no room for both"):
+        check_elastic(config(["leave:1@2"], placement__policy="lend", algorithm__name="ppo", parallel__world_size=2,
+                             task__prompts_per_step=4))
 
 
 def test_a_pipeline_layout_changes_live_and_an_expert_parallel_one_is_refused_but_planned_by_the_dry_run():
@@ -97,7 +110,8 @@ def test_any_rank_may_leave_and_ranks_may_join_live_under_rollout_tp_2():
 def test_a_running_job_admits_join_requests_where_a_join_runs_live():
     assert join_refusal(config([])) is None
     assert join_refusal(config([], rollout__tp=2)) is None  # the engines restart at the boundary
-    assert "placement=lend" in join_refusal(config([], placement__policy="lend"))
+    assert "placement=split with rebalance" in join_refusal(config([], placement__policy="split",
+                                                                     placement__rebalance=True))
     assert "torchrun" in join_refusal(config([]), under_torchrun=True)
     check_elastic(config([], elastic__accept_joins=True))
     with pytest.raises(ConfigError, match="elastic.accept_joins=true: this run cannot admit joining processes live: "

@@ -30,6 +30,16 @@ def test_a_colocated_dp_or_tp_run_may_keep_replicas():
     check_replicas(config(elastic__events=["leave:3@2", "join@4"], elastic__leave_on_sigterm=True))  # issue 27 + 28
 
 
+def test_a_lend_run_may_keep_replicas_where_the_survivors_hold_both_sets():
+    """placement=lend: the snapshot is taken at the step's end (every role at home); the survivors of a loss re-plan
+    the actor's and the critic's sets, so 2 ranks (1 survivor) are refused."""
+    check_replicas(config(placement__policy="lend", algorithm__name="ppo"))
+    check_replicas(config(placement__policy="lend", algorithm__name="ppo", elastic__events=["leave:3@2", "join@4"]))
+    with pytest.raises(ConfigError, match=r"the survivors of a lost rank could not go on: rank 0 leaves \(2 -> 1 "
+                                          r"ranks\): placement=lend trains the actor and the critic at once"):
+        check_replicas(config(placement__policy="lend", algorithm__name="ppo", parallel__world_size=2))
+
+
 @pytest.mark.parametrize("changes,named", [
     (dict(elastic__replicas=2), "elastic.replicas=2: it is 0"),
     (dict(elastic__replicas=-1), "elastic.replicas=-1: it is 0"),

@@ -100,12 +100,34 @@ def test_split_shrinks_the_set_the_rank_left_and_joiners_train():
         world_after(placement, req.train, 1, batch, WorldChange(4, (0, 1)))
 
 
-def test_lend_keeps_both_halves_and_moves_from_home():
+def test_lend_replans_its_halves_over_the_new_world_and_moves_from_home():
+    """The actor's share (placement.train_ranks, 0 = half) is taken of each new world; sets placement.roles gave map
+    to their survivors; a world too small for both sets, or whose rows do not split over every rank's prepare, is
+    refused."""
     req = PolicyRequest("lend", 4, (ACTOR, CRITIC, ROLLOUT))
-    new = world_after(make_placement(req), req.train, 1, GlobalBatch(6, 12), WorldChange(4, (3,)))
-    assert new.placement.slot(TRAIN_ACTOR, ACTOR).ranks == RankSet(0, 2)
-    assert new.placement.slot(TRAIN_CRITIC, CRITIC).ranks == RankSet(2, 1)
+    batch = GlobalBatch(6, 12)
+    new = world_after(make_placement(req), req.train, 1, batch, WorldChange(4, (3,)))
+    assert new.placement.slot(TRAIN_ACTOR, ACTOR).ranks == RankSet(0, 1)  # half of 3
+    assert new.placement.slot(TRAIN_CRITIC, CRITIC).ranks == RankSet(1, 2)
+    assert new.placement.slot(GENERATE, ACTOR).ranks == RankSet(0, 3)
     assert [(m.src, m.dst) for m in new.moves] == [(ParallelSpec(dp=4), ParallelSpec(dp=3))] * 2
+    grown = world_after(new.placement, req.train, 1, batch, WorldChange(3, (), 3))
+    assert grown.placement.slot(TRAIN_ACTOR, ACTOR).ranks == RankSet(0, 3)
+    assert grown.placement.slot(TRAIN_CRITIC, CRITIC).ranks == RankSet(3, 3)
+    three = make_placement(PolicyRequest("lend", 4, (ACTOR, CRITIC, ROLLOUT), train_ranks=3))
+    with pytest.raises(MembershipError, match=r"rank 0 leaves \(4 -> 3 ranks\): placement=lend trains the actor and "
+                                              r"the critic at once .*placement.train_ranks=3\), and a world of 3 ranks "
+                                              r"has no room for both. Keep at least 4 ranks"):
+        world_after(three, req.train, 1, batch, WorldChange(4, (0,)))
+    with pytest.raises(MembershipError, match=r"placement.train_ranks=0: half of the world\), and a world of 1 rank"):
+        world_after(make_placement(PolicyRequest("lend", 2, (ACTOR, CRITIC, ROLLOUT))), req.train, 1, batch,
+                    WorldChange(2, (1,)))
+    given = make_placement(PolicyRequest("lend", 4, (ACTOR, CRITIC, ROLLOUT), explicit=((ACTOR, RankSet(0, 2)),)))
+    mapped = world_after(given, req.train, 1, batch, WorldChange(4, (3,)))
+    assert mapped.placement.slot(TRAIN_CRITIC, CRITIC).ranks == RankSet(2, 1)  # the given sets' survivors
+    with pytest.raises(MembershipError, match=r"rank 3 leaves \(4 -> 3 ranks\): the actor would prepare with dp=3 "
+                                              r"\(3 ranks"):
+        world_after(make_placement(req), req.train, 1, GlobalBatch(8, 32), WorldChange(4, (3,)))
 
 
 def test_the_global_batch_stays_and_must_split_over_the_new_dp():
