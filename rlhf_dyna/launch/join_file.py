@@ -77,7 +77,8 @@ def running_job(run_dir: str | Path) -> RunningJob:
     if job.node and job.node != this_node():
         raise LaunchError(f"elastic.join={run_dir}: the job in this directory runs its rank 0 on host {job.node}, and "
                           f"this process runs on {this_node()}; a joiner's liveness is read from its host's process "
-                          f"table, so it must run on {job.node}. Start python -m rlhf_dyna elastic.join={run_dir} there.")
+                          f"table, so it must run on {job.node}. Start python -m rlhf_dyna elastic.join={run_dir} "
+                          "there.")
     if not _alive(job.launcher_pid):
         raise LaunchError(f"elastic.join={run_dir}: the job in this directory is not running (its launcher, pid "
                           f"{job.launcher_pid}, is gone without marking {JOIN_FILE} finished: it was killed). Start "

@@ -19,5 +19,5 @@ def announce_job(run_dir: Path, config: Path, run_ident: str) -> None:
 
 
 def end_job(run_dir: Path) -> None:
-    """Rank 0 of the last world, its run done: a late joiner is refused at once instead of waiting for the agent's end."""
+    """Rank 0 of the last world, its run done: a late joiner is refused at once, not when the agent ends."""
     mark_finished(run_dir)

@@ -250,7 +250,8 @@ def drop_if_dead(store, name: str) -> None:
     comes first where the launcher's watch has not looked yet (launch/joiner_watch.py)."""
     pid = announced_pid(store, name)
     if pid is not None and fate(store, name) is None and not process_alive(pid) and drop(store, name):
-        print(f"rlhf_dyna: {name} (pid {pid}) died before the world admitted it; the run goes on without it", flush=True)
+        print(f"rlhf_dyna: {name} (pid {pid}) died before the world admitted it; the run goes on without it",
+              flush=True)
 
 
 def process_of(membership: Membership, name: str) -> int | str:
