@@ -28,7 +28,7 @@ from tests.app.elastic.live_runs import wait_for
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked
 
-STEPS = 24  # the joiners start when join.json appears; a preparation took 7-15 s, a step 0.4-1 s on 2 shared cores
+STEPS = 30  # the joiners start after step 2; a preparation took 2-15 s (20-60 s under load), a step 0.6-2.5 s
 DROPPED = ("trainer.total_steps=", "parallel.world_size=", "task.eval_every=", "trainer.sft_")
 ARGS = [a for a in GRPO4 if not a.startswith(DROPPED)] + [
     f"trainer.total_steps={STEPS}", "parallel.world_size=3", "task.eval_every=10", "trainer.sft_warmup_steps=10",
