@@ -8,8 +8,8 @@ step's agreement, drops it with a line naming it, and trains on. The other is ad
 and the other joiner end with exit code 0, no process is left, the world is 3 ranks before the join and 4 after it,
 and the steps before the join and the first two after it log the same losses, grad norms, rewards and eval as the
 torchrun job without joiners (relative 1e-5: the same global batch; 8 steps after the join a grad norm differed by
-2e-5, dp 4 summing in another order than dp 3). Rank 0 marks join.json finished, and a late joiner is refused within
-seconds.
+2e-5, dp 4 summing in another order than dp 3). Rank 0 marks join.json finished (naming torchrun's agent as the
+launcher), no /dev/shm entry of the run is left, and a late joiner is refused within seconds.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from rlhf_dyna.elastic.faults import KILL_ENV, KILL_TEXT
+from rlhf_dyna.launch.shm import SHM_DIR
 from tests.app.app_runs import AppProcess, read_metrics, run_cli
 from tests.app.elastic.live_runs import wait_for
 from tests.app.marked_processes import marked_processes
@@ -100,7 +101,8 @@ def test_processes_started_by_hand_join_a_torchrun_job_and_one_killed_before_adm
     assert_same_metrics(expected[:after + 3], rows[:after + 3])
 
     finished = json.loads((run_dir / "join.json").read_text())
-    assert finished["finished"] and finished["port"] == int(finished["port"]) and finished["world_size"] == 3
+    assert finished["finished"] and finished["launcher_pid"] == job.pid and finished["world_size"] == 3
+    assert [p.name for p in SHM_DIR.iterdir() if finished["run_ident"] in p.name] == []  # the joiner's too
     started = time.monotonic()
     late = run_cli(f"elastic.join={run_dir}", tmp_path=tmp_path / "late")
     assert late.returncode == 2 and f"elastic.join={run_dir}: the job in this directory has finished" in late.stderr
