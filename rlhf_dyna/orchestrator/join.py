@@ -35,10 +35,11 @@ from torch import Tensor
 from torch.nn import Module
 
 from ..elastic.faults import kill_point
-from ..elastic.join_world import GONE, Admission, admit, claim, fate, refuse, wait_settled
+from ..elastic.join_world import GONE, Admission, admit, announced_pid, claim, drop, fate, refuse, wait_settled
 from ..elastic.membership import MembershipError, NewWorld, WorldChange, world_after
 from ..elastic.world_prebuild import WorldBuild, configured_backend, record_world, world_metrics
 from ..elastic.world_switch import enter_new_world
+from ..launch.joiner_watch import alive as process_alive
 from ..launch.world_record import claim_published
 from ..parallel_layout import ParallelLayout
 from ..rollout.reform import release_groups
@@ -216,6 +217,8 @@ def admitted(membership: Membership, joiners: list[str], name: str) -> list[str]
     box = [joiners]
     if dist.get_rank() == 0:
         store = membership.store
+        for joiner in joiners:
+            drop_if_dead(store, joiner)
         alive = [j for j in joiners if fate(store, j) != GONE and claim(store, j)]
         dead = [j for j in joiners if j not in alive]
         if dead:
@@ -239,6 +242,16 @@ def admitted(membership: Membership, joiners: list[str], name: str) -> list[str]
         box = [alive]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def drop_if_dead(store, name: str) -> None:
+    """Rank 0, before it claims joiner `name` or agrees on it: its process (the pid it announced, on this host: the
+    join file's node) is gone, so it is dropped; under torchrun no launcher of ours watches it, elsewhere this only
+    comes first where the launcher's watch has not looked yet (launch/joiner_watch.py)."""
+    pid = announced_pid(store, name)
+    if pid is not None and fate(store, name) is None and not process_alive(pid) and drop(store, name):
+        print(f"rlhf_dyna: {name} (pid {pid}) died before the world admitted it; the run goes on without it",
+              flush=True)
 
 
 def process_of(membership: Membership, name: str) -> int | str:
