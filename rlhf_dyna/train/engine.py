@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from rlhf_dyna.train.grad_norm import clip_grads_, squared_grad_norm
 from rlhf_dyna.train.logprobs import logits_to_keep, token_logprobs
+from rlhf_dyna.train.optimizer import adamw
 from rlhf_dyna.train.micro_batches import MicroBatch, fixed_rows, pack_by_tokens, row_lengths, split_to, take, token_budget_plan
 from rlhf_dyna.train.parallelize import parallelize
 from rlhf_dyna.train.shared_prompts import PackedPrompts, pack_shared_prompts, unpacked_logits
@@ -35,12 +36,6 @@ class LossNorm:
 
 
 LossFn = Callable[[object, dict[str, Tensor], LossNorm], tuple[Tensor, dict[str, float]]]
-
-
-def adamw(model: nn.Module, **settings) -> torch.optim.AdamW:
-    """AdamW over the model's (sharded) parameters, fused: one kernel over all of them instead of a loop of per-tensor
-    ops (5x faster on the CPU, 0.08 against 0.43 s for 120M parameters; fused AdamW is the GPU default too)."""
-    return torch.optim.AdamW(model.parameters(), fused=True, **settings)
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
