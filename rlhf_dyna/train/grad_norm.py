@@ -34,18 +34,18 @@ def _counted_locals(grads: list[Tensor]) -> dict[object, list[Tensor]]:
 @torch.no_grad()
 def squared_grad_norm(grads: list[Tensor]) -> Tensor:
     """The sum of squares of every gradient element, each counted once over the meshes the gradients live on
-    (float32, on the gradients' device; 0 for no gradients)."""
+    (float64, on the gradients' device; 0 for no gradients)."""
     total = None
     for mesh, locals_ in _counted_locals(grads).items():
         device = mesh.device_type if mesh is not None else (locals_[0].device if locals_ else "cpu")
-        squares = torch.zeros((), dtype=torch.float32, device=device)
-        if locals_:
-            squares = squares + torch.stack(torch._foreach_norm(locals_)).float().square().sum()
+        squares = torch.zeros((), dtype=torch.float64, device=device)
+        if locals_:  # in float64: the sum does not depend on how the world splits the shards (its size, its order)
+            squares = squares + torch.stack(torch._foreach_norm(locals_, 2, dtype=torch.float64)).square().sum()
         if mesh is not None:
             for dim in range(mesh.ndim):
                 dist.all_reduce(squares, group=mesh.get_group(dim))
         total = squares if total is None else total + squares.to(total.device)
-    return total if total is not None else torch.zeros((), dtype=torch.float32)
+    return total if total is not None else torch.zeros((), dtype=torch.float64)
 
 
 @torch.no_grad()
@@ -56,5 +56,5 @@ def clip_grads_(grads: list[Tensor], max_norm: float, total_norm: Tensor) -> Non
     for shard in shards:
         by_device.setdefault((shard.device, shard.dtype), []).append(shard)
     coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
-    for (device, _), group in by_device.items():
-        torch._foreach_mul_(group, coef.to(device))
+    for (device, dtype), group in by_device.items():
+        torch._foreach_mul_(group, coef.to(device, dtype))

@@ -193,9 +193,9 @@ class PipelineEngine(TrainEngine):
         """Global L2 norm over every stage (the tied embedding counted once), clipped per stage (train/grad_norm.py)."""
         params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
         skip = {id(self.stage_module.lm_head.weight)} if self.tied and self.stage_module.is_last else set()
-        squares = squared_grad_norm([p.grad for p in params if id(p) not in skip]).double()
+        squares = squared_grad_norm([p.grad for p in params if id(p) not in skip])
         dist.all_reduce(squares, group=self.pp_mesh.get_group())
-        total = squares.sqrt().to(torch.float32)
+        total = squares.sqrt()
         if self.grad_clip is not None:
             clip_grads_([p.grad for p in params], self.grad_clip, total)
         return float(total)
