@@ -75,7 +75,7 @@ def next_change(runtime, membership: Membership,
             return None
         new = joined_world(membership, len(joiners))
         size = new.change.new_world_size
-        return rank, size, [runtime.layout, trained_layout(new)], joiners  # the join stages on the old layout first
+        return rank, size, [trained_layout(new)], joiners
     except MembershipError:
         return None
 
