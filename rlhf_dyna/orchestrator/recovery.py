@@ -5,7 +5,7 @@ new world's lend sets come with its placement, Runtime.enter_world).
 Every `elastic.snapshot_every` steps, at the step's end, each rank copies its shard of every training role's state
 (fp32 parameters and AdamW moments of the actor and critic, the reference's parameters) to host memory and sends it
 by the ring plan to the next rank (transition/replica_state.py, elastic/replicas.py), and keeps the loop's state of
-that step (prompt sampler, RNGs, task position, KL controller).
+that step (prompt sampler, RNGs, task position, KL controller); once committed, its own copy goes to node-local disk.
 
 When a rank dies, the launcher announces it on the job's store (launch/lost_ranks.py). A watchdog thread on every
 rank waits for that announcement and shuts the old world's connections (launch/sockets.py: gloo has no abort), so a
