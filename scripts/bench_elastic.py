@@ -72,8 +72,15 @@ def app(run_dir: Path, *args: str) -> subprocess.Popen:
 
 
 def rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl's rows; a last line rank 0 is still writing is left out."""
     path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            break
+    return out
 
 
 def finish(proc: subprocess.Popen) -> None:
