@@ -23,6 +23,14 @@ in the next `after_step` and logged in the step the move served: `rebalance/tran
 part) and `rebalance/lost_seconds`, the wall time the step lost to it (staleness 0: the rollout set's part, or the
 train set's part beyond the step's generation, whichever is larger; staleness 1: at most the larger part), with
 `rebalance/transition_share` = lost / that step's seconds.
+
+A change of world (ranks leave or join, docs/elastic.md) composes with it through the runtime's hooks: a move is not
+made at a boundary where a change is known to come (the change moves the state anyway, and the world built for it
+during the step is the current split's); `before_change` finishes the background work on the old world's groups and
+shares rank 0's manager, so whoever is rank 0 after the change holds its history; `enter_world` re-plans the
+candidate splits, their builder (started at the next generation, as lend's: every rank creates groups in one order)
+and the manager over the new world (elastic.rebalance.Rebalancer.over), starting from the split the change mapped
+the sets to (a leave shrinks the set the rank left, joiners extend the train set).
 """
 from __future__ import annotations
 
@@ -50,8 +58,10 @@ from ...transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
 from ...vps.spec import ParallelSpec
 from ...vps.tensor import Kind
 from ..build import engine_settings
+from ...elastic.placement import GENERATE, ROLLOUT, Placement
+from ..batch import Sample
 from ..placements import split_placement, split_shape
-from .split import SYNC, SplitRuntime, split_layouts, start_engine
+from .split import SYNC, SplitRuntime, layouts_of, start_engine
 
 MOVE_EVENT = "rebalance"  # the whole move on the timeline; its VPS rounds are reshard/<role>/rebalance
 ENGINE_STOP_EVENT = "rebalance/engine_stop"  # a leaving engine's shutdown, in the background
@@ -107,19 +117,29 @@ class RebalanceRuntime(SplitRuntime):
     def start_train_set(self, mesh) -> None:
         """Every candidate split's groups and meshes start building in the background before the actor is built."""
         cfg = self.cfg
-        self.tp, self.world_size = cfg.parallel.train.tp, cfg.parallel.world_size
-        valid, _ = split_candidates(split_shape(cfg))  # checked before spawn: the start is among them
-        self.placements = {r: split_placement(cfg, r) for r in valid}
+        self.moves_state()
+        valid = self.candidates(cfg.parallel.world_size)  # checked before spawn: the start is among them
         home = self.placements[self.rollout_layout.size].slot(TRAIN_ACTOR, ACTOR).spec
         self.builder = WorldBuilder(list(self.placements.values()), known={mesh_key(home): mesh}).start()
+        self.builder_started = True
+        rule = RebalanceRule(cfg.placement.rebalance_margin, cfg.placement.rebalance_every)
+        self.manager = Rebalancer(self.world_size, valid, self.rollout_layout.size, cfg.placement.max_staleness, rule) \
+            if self.rank == 0 else None
+        super().start_train_set(mesh)
+
+    def moves_state(self) -> None:
+        """What every rank keeps to make moves: catalogs, roles, timings, the background work (a joiner's too)."""
+        cfg = self.cfg
+        self.tp = cfg.parallel.train.tp
         self.catalogs = {ACTOR: catalog_from_config(self.hf_config, "float32", "float32")}  # fp32 parameters
         self.catalogs[REFERENCE] = self.catalogs[ACTOR]
         self.catalogs[CRITIC] = value_catalog_from_config(self.hf_config, "float32", "float32")
         self.roles = [ACTOR] + ([REFERENCE] if cfg.algorithm.kl_coef > 0 else []) + \
             ([CRITIC] if cfg.algorithm.name == "ppo" else [])
-        rule = RebalanceRule(cfg.placement.rebalance_margin, cfg.placement.rebalance_every)
-        self.manager = Rebalancer(self.world_size, valid, self.rollout_layout.size, cfg.placement.max_staleness, rule) \
-            if self.rank == 0 else None
+        self.manager: Rebalancer | None = None  # rank 0's decision state
+        self.carried: Rebalancer | None = None  # rank 0's manager as shared before a change of world
+        self.builder: WorldBuilder | None = None
+        self.builder_started = False
         self.engine_start_s = 0.0  # rank 0's engine start at the beginning of the run: predicts a joining one's
         self.move_bytes_per_s: float | None = None  # measured by the last move
         self.stopping: list[EngineStop] = []  # engines of this rank shutting down in the background
@@ -127,7 +147,17 @@ class RebalanceRuntime(SplitRuntime):
         self.preparing: threading.Thread | None = None
         self.prepare_error: BaseException | None = None
         self.pending: PendingMove | None = None  # the last move, until the step it served ends
-        super().start_train_set(mesh)
+
+    def candidates(self, world_size: int) -> list[int]:
+        """The rollout set sizes that can run the config in a world of `world_size`; their placements kept."""
+        self.world_size = world_size
+        valid, _ = split_candidates(split_shape(self.cfg, world_size))
+        self.placements: dict[int, Placement] = {r: split_placement(self.cfg, r, world_size) for r in valid}
+        return valid
+
+    def prepare_to_join(self, membership, model_dir, process: int) -> None:
+        super().prepare_to_join(membership, model_dir, process)
+        self.moves_state()
 
     def start_rollout_set(self) -> None:
         started = time.perf_counter()  # rank 0 always generates: its engine's start predicts a joining one's
@@ -135,8 +165,42 @@ class RebalanceRuntime(SplitRuntime):
         self.engine_start_s = time.perf_counter() - started
 
     def begin(self) -> None:
-        """Plans and destination skeletons of every move, in the background."""
-        self.prepare_moves(self.rollout_layout.size)
+        """Plans and destination skeletons of every move, in the background (a new world's: from its first
+        generation, `generate`)."""
+        if self.builder_started:
+            self.prepare_moves(self.rollout_layout.size)
+
+    def generate(self, step: int) -> tuple[list[Sample], float]:
+        """A new world's candidate splits start building here, after the boundary's changes, which create groups on
+        this thread (every rank must create groups in one order); then the plans of its moves."""
+        if not self.builder_started:
+            self.builder.start()
+            self.builder_started = True
+            self.prepare_moves(self.rollout_layout.size)
+        return super().generate(step)
+
+    def before_change(self) -> None:
+        """The old world's builder and the move preparation done (their groups and meshes go with that world), and
+        rank 0's manager on every rank: rank 0 may leave, and the new rank 0 goes on with its history."""
+        self._join_preparing()
+        if self.builder_started:
+            self.builder.join()
+        box = [self.manager]
+        dist.broadcast_object_list(box, src=0)
+        self.carried = box[0]
+
+    def enter_world(self, layout: ParallelLayout, engines: dict, placement: Placement) -> None:
+        """After a change of world: split's sets and sync, then the candidate splits of the new world, their builder
+        (not started: `generate`), and on rank 0 the manager re-planned from the split the change left."""
+        super().enter_world(layout, engines, placement)
+        start = placement.slot(GENERATE, ROLLOUT).ranks.size
+        valid = self.candidates(placement.world_size)
+        self.builder, self.builder_started = WorldBuilder(list(self.placements.values())), False
+        self.skeletons, self.prepare_error = {}, None  # on the old world's meshes
+        self.manager = self.carried.over(self.world_size, valid, start) if self.rank == 0 else None
+        if self.rank == 0:
+            print(f"rlhf_dyna: rebalance over {self.world_size} ranks from {start}+{self.world_size - start}: splits "
+                  f"{', '.join(f'{r}+{self.world_size - r}' for r in valid)}", flush=True)
 
     def finish_step(self, step: int, metrics: dict[str, float], started: float) -> dict[str, float]:
         metrics = super().finish_step(step, metrics, started)
@@ -207,11 +271,20 @@ class RebalanceRuntime(SplitRuntime):
         return move_seconds(moved, self.move_bytes_per_s or sync_bytes_per_s, target > current, self.engine_start_s,
                             sync_s)
 
-    def _decide(self, step: int, metrics: dict, transfer_s: float) -> Decision:
+    def change_due(self, step: int) -> str | None:
+        """Why no move may follow `step`: a change of world is known to come at the boundary after it."""
+        m = self.membership
+        if m is not None and (m.due_before(step + 1) or m.agreed):
+            return "a change of world comes at this boundary; the splits are re-planned over its world"
+        return None
+
+    def _decide(self, step: int, metrics: dict, transfer_s: float, hold: str | None) -> Decision:
         train_s = metrics["timing_s/prepare"] + metrics["timing_s/train_actor"] + metrics.get("timing_s/train_critic", 0.0)
         times = StepTimes(self.manager.current, metrics["timing_s/gen"], train_s, metrics[f"{SYNC}/seconds"],
                           metrics["timing_s/step"])
         self.manager.observe(times)
+        if hold is not None:
+            return Decision(self.manager.current, self.manager.current, reason=hold)
         bandwidth = metrics[f"{SYNC}/bytes_moved"] / max(transfer_s, 1e-9)  # the sync's transfer, install excluded
         current = self.manager.current
         decision = self.manager.decide(self.cfg.trainer.total_steps - step, lambda r: self.predicted_cost(
@@ -224,7 +297,8 @@ class RebalanceRuntime(SplitRuntime):
         """Collective: the cost of the move that served this step is logged; rank 0 decides from the step's metrics;
         every rank carries out a move. Returns the metrics."""
         out = self._finish_pending(metrics)
-        decision = self._decide(step, metrics, self.sync.transfer_seconds) if self.manager is not None else None
+        hold = self.change_due(step)
+        decision = self._decide(step, metrics, self.sync.transfer_seconds, hold) if self.manager is not None else None
         box = [decision]
         dist.broadcast_object_list(box, src=0)
         decision = box[0]
@@ -267,7 +341,8 @@ class RebalanceRuntime(SplitRuntime):
         Every part is timed on every rank; `self.pending` keeps the times until the next `after_step` reduces them."""
         t0, wall = time.perf_counter(), time.time()
         kl_ctl = self.run.kl_ctl
-        (old, old_rollout), (new, new_rollout) = (self.layout, self.rollout_layout), split_layouts(self.cfg, target)
+        old, old_rollout = self.layout, self.rollout_layout
+        new, new_rollout = layouts_of(self.cfg, self.placements[target])
         t = time.perf_counter()
         world = self.builder.get(self.placements[target].key())
         parts = {"placement/wait_seconds": time.perf_counter() - t}  # name -> this rank's seconds of that part
@@ -315,6 +390,8 @@ class RebalanceRuntime(SplitRuntime):
             self.rollout = start_engine(self.cfg, self.model_dir, self.rank, replicas=1)  # the set may shrink to one
             parts["rebalance/engine_start_seconds"] = time.perf_counter() - t
         self.layout, self.rollout_layout, self.actor_first_rank = new, new_rollout, new.first_rank
+        if self.membership is not None:  # a change of world maps the sets of the split that holds
+            self.membership.placement = self.placements[target]
         self.sync = SubsetSync(self.hf_config, dst, new_rollout.first_rank, new_rollout.size)
         joined = target > old_rollout.size
         parts["rebalance/resync_seconds"] = self.sync_weights()[f"{SYNC}/seconds"] if joined else 0.0
@@ -351,6 +428,7 @@ class RebalanceRuntime(SplitRuntime):
         if self.preparing is not None:
             self.preparing.join(timeout=60)
         self._join_stopping()
-        self.builder.join(timeout=60)
+        if self.builder_started:
+            self.builder.join(timeout=60)
         super().close(failed)
 
