@@ -24,13 +24,9 @@ part) and `rebalance/lost_seconds`, the wall time the step lost to it (staleness
 train set's part beyond the step's generation, whichever is larger; staleness 1: at most the larger part), with
 `rebalance/transition_share` = lost / that step's seconds.
 
-A change of world (ranks leave or join, docs/elastic.md) composes with it through the runtime's hooks: a move is not
-made at a boundary where a change is known to come (the change moves the state anyway, and the world built for it
-during the step is the current split's); `before_change` finishes the background work on the old world's groups and
-shares rank 0's manager, so whoever is rank 0 after the change holds its history; `enter_world` re-plans the
-candidate splits, their builder (started at the next generation, as lend's: every rank creates groups in one order)
-and the manager over the new world (elastic.rebalance.Rebalancer.over), starting from the split the change mapped
-the sets to (a leave shrinks the set the rank left, joiners extend the train set).
+A change of world (docs/elastic.md) maps the current split's sets; no move is made at a boundary where one is known
+to come (its world was built for the current split), `before_change` ends the old world's background work and shares
+rank 0's manager, and `enter_world` re-plans the candidate splits, their builder and the manager over the new world.
 """
 from __future__ import annotations
 
@@ -41,25 +37,21 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ...config import Config
 from ...launch.threads import DeviceThread, EngineStop, joins_before_move
-from ...elastic.placement import ACTOR, CRITIC, REFERENCE, TRAIN_ACTOR
+from ...elastic.placement import ACTOR, CRITIC, GENERATE, REFERENCE, ROLLOUT, TRAIN_ACTOR, Placement
 from ...elastic.rebalance import Decision, RebalanceRule, Rebalancer, StepTimes, move_seconds, split_candidates
 from ...elastic.world_builder import WorldBuilder, mesh_key
 from ...models.catalog import catalog_from_config
-from ...models.meta_init import meta_critic, meta_policy, recompute_buffers_
 from ...models.value_catalog import value_catalog_from_config
 from ...parallel_layout import ParallelLayout
 from ...train.engine import TrainEngine
-from ...train.pipeline_engine import make_engine
 from ...transition.role_move import ALL_KINDS, move_role_state, optimizer_step
 from ...transition.subset_sync import SubsetSync
 from ...transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
 from ...vps.spec import ParallelSpec
 from ...vps.tensor import Kind
-from ..build import engine_settings
-from ...elastic.placement import GENERATE, ROLLOUT, Placement
 from ..batch import Sample
+from ..build import materializer, skeleton_engine
 from ..placements import split_placement, split_shape
 from .split import SYNC, SplitRuntime, layouts_of, start_engine
 
@@ -67,28 +59,6 @@ MOVE_EVENT = "rebalance"  # the whole move on the timeline; its VPS rounds are r
 ENGINE_STOP_EVENT = "rebalance/engine_stop"  # a leaving engine's shutdown, in the background
 MOVES = {role: f"reshard/{role}/{MOVE_EVENT}" for role in (ACTOR, REFERENCE, CRITIC)}
 STOP_S = "rebalance/engine_stop_seconds"
-
-
-def materializer(mesh):
-    """Gives a meta-built engine's model its (uninitialised) shards on the mesh's device."""
-    device = torch.device("cpu") if mesh.device_type == "cpu" else torch.device("cuda", torch.cuda.current_device())
-
-    def materialize(model) -> None:
-        model.to_empty(device=device)
-        recompute_buffers_(model, device)  # rotary buffers are not moved: recomputed from the config
-
-    return materialize
-
-
-def skeleton_engine(cfg: Config, hf_config, mesh, role: str) -> TrainEngine:
-    """An engine of `role` with the run's settings on `mesh` and its parameters on meta, built ahead of a move: its
-    destination once `engine.materialize_now(materializer(mesh))` gives them storage. Built from the config, since a
-    rank joining the train set holds no engine to copy settings from (split runs have pp=1: a (dp, tp) mesh)."""
-    if role == CRITIC:
-        return make_engine(meta_critic(hf_config, torch.float32), mesh, materialize=None,
-                           **engine_settings(cfg, trainable=True, lr=cfg.algorithm.critic_lr))
-    return make_engine(meta_policy(hf_config, torch.float32), mesh, materialize=None,
-                       **engine_settings(cfg, trainable=role == ACTOR))
 
 
 def role_kinds(role: str) -> tuple[Kind, ...]:
@@ -129,8 +99,7 @@ class RebalanceRuntime(SplitRuntime):
 
     def moves_state(self) -> None:
         """What every rank keeps to make moves: catalogs, roles, timings, the background work (a joiner's too)."""
-        cfg = self.cfg
-        self.tp = cfg.parallel.train.tp
+        cfg, self.tp = self.cfg, self.cfg.parallel.train.tp
         self.catalogs = {ACTOR: catalog_from_config(self.hf_config, "float32", "float32")}  # fp32 parameters
         self.catalogs[REFERENCE] = self.catalogs[ACTOR]
         self.catalogs[CRITIC] = value_catalog_from_config(self.hf_config, "float32", "float32")
@@ -139,7 +108,7 @@ class RebalanceRuntime(SplitRuntime):
         self.manager: Rebalancer | None = None  # rank 0's decision state
         self.carried: Rebalancer | None = None  # rank 0's manager as shared before a change of world
         self.builder: WorldBuilder | None = None
-        self.builder_started = False
+        self.builder_started = False  # a new world's builder starts at its first generation (`generate`)
         self.engine_start_s = 0.0  # rank 0's engine start at the beginning of the run: predicts a joining one's
         self.move_bytes_per_s: float | None = None  # measured by the last move
         self.stopping: list[EngineStop] = []  # engines of this rank shutting down in the background
@@ -197,8 +166,8 @@ class RebalanceRuntime(SplitRuntime):
         valid = self.candidates(placement.world_size)
         self.builder, self.builder_started = WorldBuilder(list(self.placements.values())), False
         self.skeletons, self.prepare_error = {}, None  # on the old world's meshes
-        self.manager = self.carried.over(self.world_size, valid, start) if self.rank == 0 else None
-        if self.rank == 0:
+        if self.rank == 0:  # rank 0 stays rank 0 or leaves: every other rank's manager is None
+            self.manager = self.carried.over(self.world_size, valid, start)
             print(f"rlhf_dyna: rebalance over {self.world_size} ranks from {start}+{self.world_size - start}: splits "
                   f"{', '.join(f'{r}+{self.world_size - r}' for r in valid)}", flush=True)
 
@@ -215,15 +184,12 @@ class RebalanceRuntime(SplitRuntime):
         train = self.placements[rollout_ranks].slot(TRAIN_ACTOR, ACTOR).ranks
         return ParallelLayout(train.size // self.tp, self.tp, first_rank=train.first).spec()
 
-    def _plan(self, role: str, src: ParallelSpec, dst: ParallelSpec):
-        """This rank's share of a role's move plan, from vps_plans' cache (move_role_state asks for the same key)."""
-        catalog = self.catalogs[role]
-        return planned(catalog, src, catalog, dst, role_kinds(role), DEFAULT_BUDGET_BYTES, self.rank)
-
     def _role_plans(self, current: int, target: int) -> list:
-        """The plans of every role's state move from split `current` to `target`."""
-        src, dst = self._spec(current), self._spec(target)
-        return [self._plan(role, src, dst) for role in self.roles]
+        """This rank's share of every role's state move from split `current` to `target`, from vps_plans' cache
+        (move_role_state asks for the same keys)."""
+        src, dst, c = self._spec(current), self._spec(target), self.catalogs
+        return [planned(c[role], src, c[role], dst, role_kinds(role), DEFAULT_BUDGET_BYTES, self.rank)
+                for role in self.roles]
 
     def prepare_moves(self, current: int) -> None:
         """Local, on a background thread: every move's plans from split `current`, and this rank's destination
