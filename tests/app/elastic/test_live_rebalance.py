@@ -1,12 +1,14 @@
-"""End to end: ranks leave and join a live placement=split run that re-balances (4 gloo ranks, GRPO, starting on 3
-rollout + 1 train rank), `elastic.events=[leave:1@2,join@4]`, 6 steps: world 4, 4, 3, 3, 4, 4.
+"""End to end: ranks leave and join a live placement=split run that re-balances (4 gloo ranks, GRPO, starting on 2
+rollout + 2 train ranks), `elastic.events=[leave:1@2,join@4]`, 6 steps: world 4, 4, 3, 3, 4, 4.
 
 Re-balancing decides from measured times, so which split holds at each change varies from run to run; what must
 hold whatever it decided: every step logs what the session's colocate run logs (a placement, its moves and the
 changes of world never change results; relative 1e-5), no move is made at a boundary where a change is known to
 come (steps 2 and 4), every step's split is one of its world's, rank 0 re-plans the splits over each new world, and
 each change moves the planned minimum of the split it found: the dry run of the same change from that split (the leave
-from 4 ranks, the join from the 3-rank world).
+from 4 ranks, the join from the 3-rank world). In the runs seen (2026-12-07, the shared 2-core VM) the manager moved
+2+2 -> 1+3 after step 1, so rank 1 left the train set (4.30 MiB moved, the dry run of 1+3's leave; 2+2's would move
+none) and the join extended 1+2 to 1+3.
 """
 from __future__ import annotations
 
