@@ -1,14 +1,13 @@
 """End to end: ranks leave and join a live placement=split run that re-balances (4 gloo ranks, GRPO, starting on 2
-rollout + 2 train ranks), `elastic.events=[leave:1@2,join@4]`, 6 steps: world 4, 4, 3, 3, 4, 4.
+rollout + 2 train ranks), `elastic.events=[leave:3@2,join@4]`, 6 steps: world 4, 4, 3, 3, 4, 4.
 
 Re-balancing decides from measured times, so which split holds at each change varies from run to run; what must
 hold whatever it decided: every step logs what the session's colocate run logs (a placement, its moves and the
 changes of world never change results; relative 1e-5), no move is made at a boundary where a change is known to
 come (steps 2 and 4), every step's split is one of its world's, rank 0 re-plans the splits over each new world, and
 each change moves the planned minimum of the split it found: the dry run of the same change from that split (the leave
-from 4 ranks, the join from the 3-rank world). In the runs seen (2026-12-07, the shared 2-core VM) the manager moved
-2+2 -> 1+3 after step 1, so rank 1 left the train set (4.30 MiB moved, the dry run of 1+3's leave; 2+2's would move
-none) and the join extended 1+2 to 1+3.
+from 4 ranks, the join from the 3-rank world). A leave that mapped the launched split instead of the one that holds fails
+it: after 2+2 -> 1+3, 2+2's mapping (2+1) would leave rank 1's training state without a home.
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ STEPS = 6
 ARGS = [a for a in GRPO4 if not a.startswith("trainer.total_steps=")] + [
     f"trainer.total_steps={STEPS}", "placement=split", "placement.max_staleness=0", "placement.rollout_ranks=2",
     "placement.rebalance=true", "placement.rebalance_every=1", "placement.rebalance_margin=0.05"]
-EVENTS = "elastic.events=[leave:1@2,join@4]"
+EVENTS = "elastic.events=[leave:3@2,join@4]"
 
 
 def planned_bytes(tmp_path: Path, name: str, *overrides: str) -> int:
@@ -55,11 +54,9 @@ def test_a_rebalancing_split_run_leaves_and_joins_and_logs_what_colocate_logs(gr
     assert not rows[2].get("rebalance/moved") and not rows[4].get("rebalance/moved"), "a move before a change"
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert "rebalance over 3 ranks from" in log and "rebalance over 4 ranks from" in log
-    # the leave of rank 1: a rollout rank where step 2's split has 2 or 3 (its engine goes, no state moves), else a
-    # train rank, whose share moves as the dry run of that split plans
-    leave = 0 if splits[1] > 1 else planned_bytes(tmp_path, "dry_leave", "placement.rollout_ranks=1",
-                                                  "elastic.events=[leave:1@2]")
-    assert rows[3]["elastic/leave/bytes_moved"] == leave
+    # the leave of train rank 3 from step 2's split: its share moves as the dry run of that split plans
+    leave = planned_bytes(tmp_path, "dry_leave", f"placement.rollout_ranks={splits[1]}", "elastic.events=[leave:3@2]")
+    assert rows[3]["elastic/leave/bytes_moved"] == leave > 0
     # the join from step 4's split of the 3-rank world
     join = planned_bytes(tmp_path, "dry_join", f"placement.rollout_ranks={splits[3]}", "parallel.world_size=3",
                          "elastic.events=[join@4]")
