@@ -13,27 +13,36 @@ from ..orchestrator.placements import placement_of, scores_with_reward_model
 from ..errors import ConfigError
 
 LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM), and join@S and join:N@S, under "
-        "placement=colocate, placement=split without rebalance (a leave shrinks the set the rank left, joiners "
-        "extend the training set), or placement=lend (every role at home at the boundary; the actor's and the "
-        "critic's sets re-planned over the new world), with a training layout of dp, tp and pp (parallel.train cp, "
-        "ep = 1; lend: pp = 1), no parallel.schedule, a reward model (task.reward naming rm) only under colocate without reward_model.offload, "
-        "no algorithm=reward_model, any rollout.tp (vLLM engines restarted where a change moves their tp or a rank's "
+        "placement=colocate, placement=split (a leave shrinks the set the rank left, joiners extend the training "
+        "set; with placement.rebalance=true the candidate splits and the re-balancing manager are re-planned over "
+        "the new world, and no move is made at a boundary where a change is known to come), or placement=lend "
+        "(every role at home at the boundary; the actor's and the critic's sets re-planned over the new world), with "
+        "a training layout of dp, tp and pp (parallel.train cp, ep = 1; lend: pp = 1), no parallel.schedule, a "
+        "reward model (task.reward naming rm) only under colocate without reward_model.offload, no "
+        "algorithm=reward_model, any rollout.tp (vLLM engines restarted where a change moves their tp or a rank's "
         "place in a TP group; split's engines are tp=1); join@S needs python -m rlhf_dyna's launcher, which starts "
         "the joining processes: under torchrun leaves run live, and a process joins when started by hand with "
-        "python -m rlhf_dyna elastic.join=RUN_DIR on rank 0's host; placement.rebalance stays refused")
+        "python -m rlhf_dyna elastic.join=RUN_DIR on rank 0's host")
+# why each layout dimension the planner handles is still refused live
+DIMENSIONS = {
+    "cp": "context parallel does not train live in any run yet, with or without changes of world (its mesh "
+          "dimension, sequence split and attention are not built; docs/extending.md); dry_run=true plans its "
+          "changes, cp kept where the new world's sets divide by it",
+    "ep": "expert parallel's MoE rollout on the CPU needs one vLLM TP group over every rank, which no change keeps",
+}
 
 
 def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torchrun: bool = False) -> list[str]:
     """What of a run with these changes (each event with the world after it) a live run cannot execute yet
     (docs/elastic.md); [] = it can."""
     t, problems, split = cfg.parallel.train, [], cfg.placement.policy == "split"
-    if cfg.placement.policy not in ("colocate", "split", "lend") or cfg.placement.rebalance:
-        problems.append(f"placement={cfg.placement.policy}{' with rebalance' if cfg.placement.rebalance else ''}")
+    if cfg.placement.policy not in ("colocate", "split", "lend"):
+        problems.append(f"placement={cfg.placement.policy}")
     # split: the scorer's set and groups are the training set's; lend: a scorer beside lent roles is untried live
     if cfg.placement.policy != "colocate" and scores_with_reward_model(cfg):
         problems.append(f"a reward model (task.reward naming rm) under placement={cfg.placement.policy}")
-    # expert parallel: its MoE rollout on the CPU needs one vLLM TP group over every rank, which no change keeps
-    problems += [f"parallel.train.{name}={getattr(t, name)}" for name in ("cp", "ep") if getattr(t, name) != 1]
+    problems += [f"parallel.train.{name}={getattr(t, name)} ({why})" for name, why in DIMENSIONS.items()
+                 if getattr(t, name) != 1]
     if cfg.parallel.schedule:
         problems.append("parallel.schedule")
     if cfg.algorithm.name == "reward_model":

@@ -19,6 +19,11 @@ rule); after that return the manager settles and keeps the split for the rest of
 
 A move's predicted seconds (`move_seconds`): the state's planned bytes at the measured bandwidth, plus, when ranks
 join the rollout set, an engine start and a weight sync into it.
+
+A change of world (ranks leave or join, docs/elastic.md) re-plans the manager over the new world (`over`): its
+candidates are the new world's splits, it starts on the split the change mapped the sets to, and the hysteresis
+begins anew (the splits left were the old world's); the phase times measured so far carry over by set size (a set of
+n ranks generates or trains the step's fixed batch as fast in any world), so the first decision there is informed.
 """
 from __future__ import annotations
 
@@ -141,6 +146,8 @@ class Rebalancer:
         self.world_size, self.candidates, self.staleness, self.rule = world_size, list(candidates), staleness, rule
         self.settled = False
         self._stints: list[tuple[int, list[StepTimes]]] = [(start, [])]  # (rollout size, steps measured there)
+        # phase seconds measured in earlier worlds: generate by rollout set size, train by train set size, syncs
+        self._earlier: tuple[dict[int, list[float]], dict[int, list[float]], list[float]] = ({}, {}, [])
 
     @property
     def current(self) -> int:
@@ -168,13 +175,30 @@ class Rebalancer:
             out.setdefault(size, []).extend(steps[1:] if len(steps) > 1 else steps)
         return {size: steps for size, steps in out.items() if steps}
 
+    def _phase_points(self) -> tuple[dict[int, list[float]], dict[int, list[float]], list[float]]:
+        """Every phase time measured so far, this world's and the earlier ones': generate seconds by rollout set size,
+        train seconds by train set size, sync seconds."""
+        gen = {r: list(v) for r, v in self._earlier[0].items()}
+        train = {t: list(v) for t, v in self._earlier[1].items()}
+        sync = list(self._earlier[2])
+        for r, steps in self._measured().items():
+            gen.setdefault(r, []).extend(s.generate_s for s in steps)
+            train.setdefault(self.world_size - r, []).extend(s.train_s for s in steps)
+            sync.extend(s.sync_s for s in steps)
+        return gen, train, sync
+
+    def over(self, world_size: int, candidates: list[int], start: int) -> Rebalancer:
+        """This manager re-planned over a new world of `world_size` ranks (a change of world): its `candidates`,
+        starting on `start` rollout ranks, nothing left or settled there, the phase times measured so far kept."""
+        new = Rebalancer(world_size, candidates, start, self.staleness, self.rule)
+        new._earlier = self._phase_points()
+        return new
+
     def predictions(self) -> dict[int, float]:
-        """Predicted step seconds of every candidate split from what was measured so far."""
-        measured = self._measured()
-        n = self.world_size
-        gen = {r: _mean([s.generate_s for s in steps]) for r, steps in measured.items()}
-        train = {n - r: _mean([s.train_s for s in steps]) for r, steps in measured.items()}
-        sync = _mean([s.sync_s for steps in measured.values() for s in steps])
+        """Predicted step seconds of every candidate split from what was measured so far (in earlier worlds too)."""
+        points, n = self._phase_points(), self.world_size
+        gen, train = ({size: _mean(v) for size, v in phase.items()} for phase in points[:2])
+        sync = _mean(points[2])
         gen_model, train_model = _phase_model(gen), _phase_model(train)
         out = {}
         for r in self.candidates:

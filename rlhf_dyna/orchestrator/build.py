@@ -7,9 +7,11 @@ import torch
 import torch.distributed as dist
 
 from ..config import Config
+from ..elastic.placement import ACTOR, CRITIC
 from ..models.build import VALUE_HEAD, build_critic, build_policy, save_hf_dir
 from ..models.hf_config import ModelSpec, make_hf_config
-from ..models.meta_init import checkpoint_config, checkpoint_loader, meta_critic, meta_policy, value_head_init
+from ..models.meta_init import (checkpoint_config, checkpoint_loader, meta_critic, meta_policy, recompute_buffers_,
+                                value_head_init)
 from ..models.reward import meta_reward_model, reward_config, score_head_init
 from ..models.reward_catalog import SCORE_HEAD
 from ..tasks.base import BaseTask, make_task
@@ -136,3 +138,25 @@ def write_initial_checkpoint(source: ModelSpec | str, actor: TrainEngine, tokeni
         tokenizer.save(model_dir)
     dist.barrier()
     return model_dir
+
+
+def materializer(mesh):
+    """Gives a meta-built engine's model its (uninitialised) shards on the mesh's device."""
+    device = torch.device("cpu") if mesh.device_type == "cpu" else torch.device("cuda", torch.cuda.current_device())
+
+    def materialize(model) -> None:
+        model.to_empty(device=device)
+        recompute_buffers_(model, device)  # rotary buffers are not moved: recomputed from the config
+
+    return materialize
+
+
+def skeleton_engine(cfg: Config, hf_config, mesh, role: str) -> TrainEngine:
+    """An engine of `role` with the run's settings on `mesh` and its parameters on meta, built ahead of a move: its
+    destination once `engine.materialize_now(materializer(mesh))` gives them storage. Built from the config, since a
+    rank joining the train set holds no engine to copy settings from (split runs have pp=1: a (dp, tp) mesh)."""
+    if role == CRITIC:
+        return make_engine(meta_critic(hf_config, torch.float32), mesh, materialize=None,
+                           **engine_settings(cfg, trainable=True, lr=cfg.algorithm.critic_lr))
+    return make_engine(meta_policy(hf_config, torch.float32), mesh, materialize=None,
+                       **engine_settings(cfg, trainable=role == ACTOR))

@@ -61,7 +61,7 @@ def run_joiner(cfg: Config, out_dir: Path, index: int | None) -> None:
     membership.process = process if index is not None else name  # as the launcher names it (launch/world_record.py)
     event = scripted[index][0] if index is not None else None
     run = make_run(cfg, out_dir, joiner_dist_info(cfg, process, name, store, index is not None))
-    runtime = RUNTIMES[runtime_name(cfg.placement)](run)  # colocate, split or lend: checks/elastic.py refuses the others
+    runtime = RUNTIMES[runtime_name(cfg.placement)](run)  # colocate, split (rebalance too) or lend: checks/elastic.py
     runtime.prepare_to_join(membership, model_dir(run, name) if runtime.joiner_generates else None, process)
     models = skeletons(cfg, run)
     built = time.perf_counter() - started

@@ -53,14 +53,17 @@ def placement_of(cfg: Config) -> Placement:
     return make_placement(placement_request(cfg))
 
 
-def split_placement(cfg: Config, rollout_ranks: int) -> Placement:
-    """The split of the world into `rollout_ranks` rollout ranks from rank 0 and the rest training (rebalancing)."""
-    return make_placement(replace(placement_request(cfg), rollout_ranks=rollout_ranks, train_ranks=0, explicit=()))
+def split_placement(cfg: Config, rollout_ranks: int, world_size: int | None = None) -> Placement:
+    """The split of the world (the launched one, or one of `world_size` ranks after a change of world) into
+    `rollout_ranks` rollout ranks from rank 0 and the rest training (rebalancing)."""
+    return make_placement(replace(placement_request(cfg), world_size=world_size or cfg.parallel.world_size,
+                                  rollout_ranks=rollout_ranks, train_ranks=0, explicit=()))
 
 
-def split_shape(cfg: Config) -> SplitShape:
-    return SplitShape(cfg.parallel.world_size, cfg.task.prompts_per_step, cfg.task.prompts_per_step * cfg.rollout.n,
-                      cfg.algorithm.mini_batches, cfg.rollout.tp, placement_request(cfg).train.inner)
+def split_shape(cfg: Config, world_size: int | None = None) -> SplitShape:
+    return SplitShape(world_size or cfg.parallel.world_size, cfg.task.prompts_per_step,
+                      cfg.task.prompts_per_step * cfg.rollout.n, cfg.algorithm.mini_batches, cfg.rollout.tp,
+                      placement_request(cfg).train.inner)
 
 
 def placement_transitions(cfg: Config) -> list:

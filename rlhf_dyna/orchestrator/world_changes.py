@@ -27,6 +27,7 @@ def changes_before_step(runtime, membership: Membership, step: int, first: int =
     generation = membership.generation
     for event in membership.due_before(step)[first:]:
         build = membership.take_build(event.text)
+        runtime.before_change()
         membership.begin_change(leave=bool(event.leaving))
         if event.leaving:
             metrics.update(change_world(runtime, membership, event.leaving, event.name, build))
@@ -36,10 +37,12 @@ def changes_before_step(runtime, membership: Membership, step: int, first: int =
             metrics.update(admit_joiners(runtime, membership, names, step - 1, event.name, build=build))
     asked = membership.sigterm.agree() if membership.sigterm is not None else ()
     if asked:  # known only now: its world is built here
+        runtime.before_change()
         membership.begin_change(leave=True)
         metrics.update(change_world(runtime, membership, asked, f"elastic/leave/{describe_ranks(asked)}@{step - 1}"))
     requests = admissible(membership, membership.agreed)
     if requests:
+        runtime.before_change()
         membership.begin_change(leave=False)
         metrics.update(admit_joiners(runtime, membership, requests, step - 1,
                                      f"elastic/join/+{len(requests)}@{step - 1}", scripted=False,

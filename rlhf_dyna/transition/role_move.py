@@ -193,17 +193,3 @@ class ParkedState:
         for storage, nbytes in self._sizes.values():
             storage.resize_(nbytes)
         self._sizes.clear()
-
-
-def copy_state_locally(source: TrainEngine, destination: TrainEngine) -> None:
-    """`source`'s parameters, AdamW moments and step into `destination`, an engine of the same layout on another mesh
-    over the same ranks (a new world's): shard for shard, local copies only (no collective but ZeRO-1/2's re-gather
-    of replicas on the destination's mesh)."""
-    prepare_optimizer(destination, optimizer_step(source))
-    src, dst = bind_train_state(source), bind_train_state(destination)
-    if src.keys() != dst.keys():
-        raise ValueError(f"state keys differ: {sorted(src.keys() ^ dst.keys())[:5]}")
-    with torch.no_grad():
-        for key, tensor in dst.items():
-            local_tensor(tensor).copy_(local_tensor(src[key]))
-    _refresh(destination)

@@ -144,6 +144,11 @@ class Runtime(ABC):
         return metrics
 
     # --- a change of world (orchestrator/leave.py, join.py, recovery.py) -------------------------------------------
+    def before_change(self) -> None:
+        """Collective over the old world, before each change of world at a boundary (orchestrator/world_changes.py):
+        what works in the background on the old world's groups is done, and what the new world's ranks will need of
+        this runtime's state is shared (nothing by default)."""
+
     def leave_job(self) -> None:
         """This rank has left the job, its state sent: what `close` must leave alone (nothing by default)."""
 

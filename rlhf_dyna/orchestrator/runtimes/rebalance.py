@@ -23,6 +23,10 @@ in the next `after_step` and logged in the step the move served: `rebalance/tran
 part) and `rebalance/lost_seconds`, the wall time the step lost to it (staleness 0: the rollout set's part, or the
 train set's part beyond the step's generation, whichever is larger; staleness 1: at most the larger part), with
 `rebalance/transition_share` = lost / that step's seconds.
+
+A change of world (docs/elastic.md) maps the current split's sets; no move is made at a boundary where one is known
+to come (its world was built for the current split), `before_change` ends the old world's background work and shares
+rank 0's manager, and `enter_world` re-plans the candidate splits, their builder and the manager over the new world.
 """
 from __future__ import annotations
 
@@ -33,52 +37,28 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ...config import Config
 from ...launch.threads import DeviceThread, EngineStop, joins_before_move
-from ...elastic.placement import ACTOR, CRITIC, REFERENCE, TRAIN_ACTOR
+from ...elastic.placement import ACTOR, CRITIC, GENERATE, REFERENCE, ROLLOUT, TRAIN_ACTOR, Placement
 from ...elastic.rebalance import Decision, RebalanceRule, Rebalancer, StepTimes, move_seconds, split_candidates
 from ...elastic.world_builder import WorldBuilder, mesh_key
 from ...models.catalog import catalog_from_config
-from ...models.meta_init import meta_critic, meta_policy, recompute_buffers_
 from ...models.value_catalog import value_catalog_from_config
 from ...parallel_layout import ParallelLayout
 from ...train.engine import TrainEngine
-from ...train.pipeline_engine import make_engine
 from ...transition.role_move import ALL_KINDS, move_role_state, optimizer_step
 from ...transition.subset_sync import SubsetSync
 from ...transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
 from ...vps.spec import ParallelSpec
 from ...vps.tensor import Kind
-from ..build import engine_settings
+from ..batch import Sample
+from ..build import materializer, skeleton_engine
 from ..placements import split_placement, split_shape
-from .split import SYNC, SplitRuntime, split_layouts, start_engine
+from .split import SYNC, SplitRuntime, layouts_of, start_engine
 
 MOVE_EVENT = "rebalance"  # the whole move on the timeline; its VPS rounds are reshard/<role>/rebalance
 ENGINE_STOP_EVENT = "rebalance/engine_stop"  # a leaving engine's shutdown, in the background
 MOVES = {role: f"reshard/{role}/{MOVE_EVENT}" for role in (ACTOR, REFERENCE, CRITIC)}
 STOP_S = "rebalance/engine_stop_seconds"
-
-
-def materializer(mesh):
-    """Gives a meta-built engine's model its (uninitialised) shards on the mesh's device."""
-    device = torch.device("cpu") if mesh.device_type == "cpu" else torch.device("cuda", torch.cuda.current_device())
-
-    def materialize(model) -> None:
-        model.to_empty(device=device)
-        recompute_buffers_(model, device)  # rotary buffers are not moved: recomputed from the config
-
-    return materialize
-
-
-def skeleton_engine(cfg: Config, hf_config, mesh, role: str) -> TrainEngine:
-    """An engine of `role` with the run's settings on `mesh` and its parameters on meta, built ahead of a move: its
-    destination once `engine.materialize_now(materializer(mesh))` gives them storage. Built from the config, since a
-    rank joining the train set holds no engine to copy settings from (split runs have pp=1: a (dp, tp) mesh)."""
-    if role == CRITIC:
-        return make_engine(meta_critic(hf_config, torch.float32), mesh, materialize=None,
-                           **engine_settings(cfg, trainable=True, lr=cfg.algorithm.critic_lr))
-    return make_engine(meta_policy(hf_config, torch.float32), mesh, materialize=None,
-                       **engine_settings(cfg, trainable=role == ACTOR))
 
 
 def role_kinds(role: str) -> tuple[Kind, ...]:
@@ -107,19 +87,28 @@ class RebalanceRuntime(SplitRuntime):
     def start_train_set(self, mesh) -> None:
         """Every candidate split's groups and meshes start building in the background before the actor is built."""
         cfg = self.cfg
-        self.tp, self.world_size = cfg.parallel.train.tp, cfg.parallel.world_size
-        valid, _ = split_candidates(split_shape(cfg))  # checked before spawn: the start is among them
-        self.placements = {r: split_placement(cfg, r) for r in valid}
+        self.moves_state()
+        valid = self.candidates(cfg.parallel.world_size)  # checked before spawn: the start is among them
         home = self.placements[self.rollout_layout.size].slot(TRAIN_ACTOR, ACTOR).spec
         self.builder = WorldBuilder(list(self.placements.values()), known={mesh_key(home): mesh}).start()
+        self.builder_started = True
+        rule = RebalanceRule(cfg.placement.rebalance_margin, cfg.placement.rebalance_every)
+        self.manager = Rebalancer(self.world_size, valid, self.rollout_layout.size, cfg.placement.max_staleness, rule) \
+            if self.rank == 0 else None
+        super().start_train_set(mesh)
+
+    def moves_state(self) -> None:
+        """What every rank keeps to make moves: catalogs, roles, timings, the background work (a joiner's too)."""
+        cfg, self.tp = self.cfg, self.cfg.parallel.train.tp
         self.catalogs = {ACTOR: catalog_from_config(self.hf_config, "float32", "float32")}  # fp32 parameters
         self.catalogs[REFERENCE] = self.catalogs[ACTOR]
         self.catalogs[CRITIC] = value_catalog_from_config(self.hf_config, "float32", "float32")
         self.roles = [ACTOR] + ([REFERENCE] if cfg.algorithm.kl_coef > 0 else []) + \
             ([CRITIC] if cfg.algorithm.name == "ppo" else [])
-        rule = RebalanceRule(cfg.placement.rebalance_margin, cfg.placement.rebalance_every)
-        self.manager = Rebalancer(self.world_size, valid, self.rollout_layout.size, cfg.placement.max_staleness, rule) \
-            if self.rank == 0 else None
+        self.manager: Rebalancer | None = None  # rank 0's decision state
+        self.carried: Rebalancer | None = None  # rank 0's manager as shared before a change of world
+        self.builder: WorldBuilder | None = None
+        self.builder_started = False  # a new world's builder starts at its first generation (`generate`)
         self.engine_start_s = 0.0  # rank 0's engine start at the beginning of the run: predicts a joining one's
         self.move_bytes_per_s: float | None = None  # measured by the last move
         self.stopping: list[EngineStop] = []  # engines of this rank shutting down in the background
@@ -127,7 +116,17 @@ class RebalanceRuntime(SplitRuntime):
         self.preparing: threading.Thread | None = None
         self.prepare_error: BaseException | None = None
         self.pending: PendingMove | None = None  # the last move, until the step it served ends
-        super().start_train_set(mesh)
+
+    def candidates(self, world_size: int) -> list[int]:
+        """The rollout set sizes that can run the config in a world of `world_size`; their placements kept."""
+        self.world_size = world_size
+        valid, _ = split_candidates(split_shape(self.cfg, world_size))
+        self.placements: dict[int, Placement] = {r: split_placement(self.cfg, r, world_size) for r in valid}
+        return valid
+
+    def prepare_to_join(self, membership, model_dir, process: int) -> None:
+        super().prepare_to_join(membership, model_dir, process)
+        self.moves_state()
 
     def start_rollout_set(self) -> None:
         started = time.perf_counter()  # rank 0 always generates: its engine's start predicts a joining one's
@@ -135,8 +134,42 @@ class RebalanceRuntime(SplitRuntime):
         self.engine_start_s = time.perf_counter() - started
 
     def begin(self) -> None:
-        """Plans and destination skeletons of every move, in the background."""
-        self.prepare_moves(self.rollout_layout.size)
+        """Plans and destination skeletons of every move, in the background (a new world's: from its first
+        generation, `generate`)."""
+        if self.builder_started:
+            self.prepare_moves(self.rollout_layout.size)
+
+    def generate(self, step: int) -> tuple[list[Sample], float]:
+        """A new world's candidate splits start building here, after the boundary's changes, which create groups on
+        this thread (every rank must create groups in one order); then the plans of its moves."""
+        if not self.builder_started:
+            self.builder.start()
+            self.builder_started = True
+            self.prepare_moves(self.rollout_layout.size)
+        return super().generate(step)
+
+    def before_change(self) -> None:
+        """The old world's builder and the move preparation done (their groups and meshes go with that world), and
+        rank 0's manager on every rank: rank 0 may leave, and the new rank 0 goes on with its history."""
+        self._join_preparing()
+        if self.builder_started:
+            self.builder.join()
+        box = [self.manager]
+        dist.broadcast_object_list(box, src=0)
+        self.carried = box[0]
+
+    def enter_world(self, layout: ParallelLayout, engines: dict, placement: Placement) -> None:
+        """After a change of world: split's sets and sync, then the candidate splits of the new world, their builder
+        (not started: `generate`), and on rank 0 the manager re-planned from the split the change left."""
+        super().enter_world(layout, engines, placement)
+        start = placement.slot(GENERATE, ROLLOUT).ranks.size
+        valid = self.candidates(placement.world_size)
+        self.builder, self.builder_started = WorldBuilder(list(self.placements.values())), False
+        self.skeletons, self.prepare_error = {}, None  # on the old world's meshes
+        if self.rank == 0:  # rank 0 stays rank 0 or leaves: every other rank's manager is None
+            self.manager = self.carried.over(self.world_size, valid, start)
+            print(f"rlhf_dyna: rebalance over {self.world_size} ranks from {start}+{self.world_size - start}: splits "
+                  f"{', '.join(f'{r}+{self.world_size - r}' for r in valid)}", flush=True)
 
     def finish_step(self, step: int, metrics: dict[str, float], started: float) -> dict[str, float]:
         metrics = super().finish_step(step, metrics, started)
@@ -151,15 +184,12 @@ class RebalanceRuntime(SplitRuntime):
         train = self.placements[rollout_ranks].slot(TRAIN_ACTOR, ACTOR).ranks
         return ParallelLayout(train.size // self.tp, self.tp, first_rank=train.first).spec()
 
-    def _plan(self, role: str, src: ParallelSpec, dst: ParallelSpec):
-        """This rank's share of a role's move plan, from vps_plans' cache (move_role_state asks for the same key)."""
-        catalog = self.catalogs[role]
-        return planned(catalog, src, catalog, dst, role_kinds(role), DEFAULT_BUDGET_BYTES, self.rank)
-
     def _role_plans(self, current: int, target: int) -> list:
-        """The plans of every role's state move from split `current` to `target`."""
-        src, dst = self._spec(current), self._spec(target)
-        return [self._plan(role, src, dst) for role in self.roles]
+        """This rank's share of every role's state move from split `current` to `target`, from vps_plans' cache
+        (move_role_state asks for the same keys)."""
+        src, dst, c = self._spec(current), self._spec(target), self.catalogs
+        return [planned(c[role], src, c[role], dst, role_kinds(role), DEFAULT_BUDGET_BYTES, self.rank)
+                for role in self.roles]
 
     def prepare_moves(self, current: int) -> None:
         """Local, on a background thread: every move's plans from split `current`, and this rank's destination
@@ -207,11 +237,20 @@ class RebalanceRuntime(SplitRuntime):
         return move_seconds(moved, self.move_bytes_per_s or sync_bytes_per_s, target > current, self.engine_start_s,
                             sync_s)
 
-    def _decide(self, step: int, metrics: dict, transfer_s: float) -> Decision:
+    def change_due(self, step: int) -> str | None:
+        """Why no move may follow `step`: a change of world is known to come at the boundary after it."""
+        m = self.membership
+        if m is not None and (m.due_before(step + 1) or m.agreed):
+            return "a change of world comes at this boundary; the splits are re-planned over its world"
+        return None
+
+    def _decide(self, step: int, metrics: dict, transfer_s: float, hold: str | None) -> Decision:
         train_s = metrics["timing_s/prepare"] + metrics["timing_s/train_actor"] + metrics.get("timing_s/train_critic", 0.0)
         times = StepTimes(self.manager.current, metrics["timing_s/gen"], train_s, metrics[f"{SYNC}/seconds"],
                           metrics["timing_s/step"])
         self.manager.observe(times)
+        if hold is not None:
+            return Decision(self.manager.current, self.manager.current, reason=hold)
         bandwidth = metrics[f"{SYNC}/bytes_moved"] / max(transfer_s, 1e-9)  # the sync's transfer, install excluded
         current = self.manager.current
         decision = self.manager.decide(self.cfg.trainer.total_steps - step, lambda r: self.predicted_cost(
@@ -224,7 +263,8 @@ class RebalanceRuntime(SplitRuntime):
         """Collective: the cost of the move that served this step is logged; rank 0 decides from the step's metrics;
         every rank carries out a move. Returns the metrics."""
         out = self._finish_pending(metrics)
-        decision = self._decide(step, metrics, self.sync.transfer_seconds) if self.manager is not None else None
+        hold = self.change_due(step)
+        decision = self._decide(step, metrics, self.sync.transfer_seconds, hold) if self.manager is not None else None
         box = [decision]
         dist.broadcast_object_list(box, src=0)
         decision = box[0]
@@ -267,7 +307,8 @@ class RebalanceRuntime(SplitRuntime):
         Every part is timed on every rank; `self.pending` keeps the times until the next `after_step` reduces them."""
         t0, wall = time.perf_counter(), time.time()
         kl_ctl = self.run.kl_ctl
-        (old, old_rollout), (new, new_rollout) = (self.layout, self.rollout_layout), split_layouts(self.cfg, target)
+        old, old_rollout = self.layout, self.rollout_layout
+        new, new_rollout = layouts_of(self.cfg, self.placements[target])
         t = time.perf_counter()
         world = self.builder.get(self.placements[target].key())
         parts = {"placement/wait_seconds": time.perf_counter() - t}  # name -> this rank's seconds of that part
@@ -315,6 +356,8 @@ class RebalanceRuntime(SplitRuntime):
             self.rollout = start_engine(self.cfg, self.model_dir, self.rank, replicas=1)  # the set may shrink to one
             parts["rebalance/engine_start_seconds"] = time.perf_counter() - t
         self.layout, self.rollout_layout, self.actor_first_rank = new, new_rollout, new.first_rank
+        if self.membership is not None:  # a change of world maps the sets of the split that holds
+            self.membership.placement = self.placements[target]
         self.sync = SubsetSync(self.hf_config, dst, new_rollout.first_rank, new_rollout.size)
         joined = target > old_rollout.size
         parts["rebalance/resync_seconds"] = self.sync_weights()[f"{SYNC}/seconds"] if joined else 0.0
@@ -351,6 +394,7 @@ class RebalanceRuntime(SplitRuntime):
         if self.preparing is not None:
             self.preparing.join(timeout=60)
         self._join_stopping()
-        self.builder.join(timeout=60)
+        if self.builder_started:
+            self.builder.join(timeout=60)
         super().close(failed)
 

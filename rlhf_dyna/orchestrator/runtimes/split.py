@@ -41,7 +41,7 @@ from ..build import build_actor
 from ..live_world import Membership
 from ..phases import rollouts
 from ..reward_scoring import make_scorer
-from ..placements import placement_of, split_placement
+from ..placements import placement_of
 from ..step import reshard_metrics
 from ..world_changes import changes_before_step
 from .base import Runtime
@@ -49,10 +49,9 @@ from .base import Runtime
 SYNC = f"reshard/{ACTOR}/{TRAIN_ACTOR}_to_{GENERATE}"  # the actor's weights, train set -> rollout set, every step
 
 
-def split_layouts(cfg, rollout_ranks: int | None = None) -> tuple[ParallelLayout, RolloutLayout]:
-    """The train set's layout and the rollout set's under the config's split, or under `rollout_ranks` rollout ranks
-    from rank 0 and the rest training (re-balancing)."""
-    return layouts_of(cfg, placement_of(cfg) if rollout_ranks is None else split_placement(cfg, rollout_ranks))
+def split_layouts(cfg) -> tuple[ParallelLayout, RolloutLayout]:
+    """The train set's layout and the rollout set's under the config's split."""
+    return layouts_of(cfg, placement_of(cfg))
 
 
 def layouts_of(cfg, placement: Placement) -> tuple[ParallelLayout, RolloutLayout]:

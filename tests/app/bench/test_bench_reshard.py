@@ -13,6 +13,7 @@ SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(600)
 def test_quick_bench_runs_every_method_and_writes_json_chart_and_table(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(SCRIPTS / "bench_reshard.py"), "--quick", "--out", str(tmp_path)],

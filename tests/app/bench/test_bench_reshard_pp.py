@@ -14,6 +14,7 @@ SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "bench_reshard_pp.py"
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(600)
 def test_quick_pp_and_ep_bench_move_the_independent_count_and_beat_dcp_restart(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)], capture_output=True, text=True)

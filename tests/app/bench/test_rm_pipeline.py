@@ -8,6 +8,7 @@ import pytest
 from rm_pipeline import run_pipeline
 
 
+@pytest.mark.bench
 @pytest.mark.timeout(1500)
 def test_pipeline_raises_the_preference_the_pairs_encode(tmp_path):
     result = run_pipeline(tmp_path, rm_steps=40, ppo_steps=15)

@@ -45,22 +45,28 @@ def planned(tmp_path: Path, args: list[str], events: str) -> dict[str, dict]:
 
 
 def left_and_joined(run_dir: Path, args: list[str], events: str) -> list[dict]:
-    """The split run with `events` (a leave after step 2, a join after step 3), checked for what every such run
-    shows: the world sizes, the change's metrics on their steps only, no process or weight file left."""
+    """The split run with `events` (a leave after step 2, a join after step 3), checked by `left_and_joined_checks`."""
     before = weight_files()
     try:
         rows = run(run_dir, *args, events)
     finally:
         kill_marked(run_dir)
-    assert not marked_processes(str(run_dir)), "engine or rank processes outlived the run"
     assert weight_files() - before == set(), "the run left weight files in /dev/shm"
-    assert [r.get("elastic/world_size") for r in rows[1:]] == [4.0, 4.0, 3.0, 4.0]
-    assert rows[3]["elastic/leave/seconds"] > 0 and rows[4]["elastic/join/seconds"] > 0
-    assert not any(k.startswith("elastic/leave/") for r in rows if r["step"] != 3 for k in r)
-    assert not any(k.startswith("elastic/join/") for r in rows if r["step"] != 4 for k in r)
-    assert all(r[f"{SYNC}/bytes_moved"] > 0 for r in rows[1:]), "a step did not sync the rollout set"
-    assert "joiner0 joins after step 3 as rank 3 of 4" in (run_dir / "logs" / "rank4.log").read_text()
+    left_and_joined_checks(run_dir, rows, [4.0, 4.0, 3.0, 4.0], leave_step=3, join_step=4)
     return rows
+
+
+def left_and_joined_checks(run_dir: Path, rows: list[dict], worlds: list[float], leave_step: int,
+                           join_step: int) -> None:
+    """What every split run with one leave and one join shows: the world sizes, the change's metrics on their steps
+    (the first of each new world) only, every step synced, no process left."""
+    assert not marked_processes(str(run_dir)), "engine or rank processes outlived the run"
+    assert [r.get("elastic/world_size") for r in rows[1:]] == worlds
+    assert rows[leave_step]["elastic/leave/seconds"] > 0 and rows[join_step]["elastic/join/seconds"] > 0
+    assert not any(k.startswith("elastic/leave/") for r in rows if r["step"] != leave_step for k in r)
+    assert not any(k.startswith("elastic/join/") for r in rows if r["step"] != join_step for k in r)
+    assert all(r[f"{SYNC}/bytes_moved"] > 0 for r in rows[1:]), "a step did not sync the rollout set"
+    assert f"joiner0 joins after step {join_step - 1} as rank 3 of 4" in (run_dir / "logs" / "rank4.log").read_text()
 
 
 @pytest.mark.timeout(900)

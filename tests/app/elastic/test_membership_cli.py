@@ -29,9 +29,8 @@ CASES = [
       "+placement.roles.rollout=[2,2]"],
      "elastic.accept_joins=true: this run cannot admit joining processes live: the rollout set [2..3] reaches the end "
      "of the world, so joiners would generate"),
-    (["elastic.events=[leave:1@2]", "parallel.world_size=4", "placement=split", "placement.rebalance=true",
-      "task.prompts_per_step=12"],
-     "a live run cannot execute this yet: placement=split with rebalance. For now a live run executes leave:R@S"),
+    (["elastic.events=[leave:3@2,join@3]", "parallel.world_size=4", "parallel.train.cp=2", "task.prompts_per_step=12"],
+     "a live run cannot execute this yet: parallel.train.cp=2 (context parallel does not train live in any run yet"),
     (["elastic.join=/tmp/some_run"], "elastic.join=/tmp/some_run: no such directory"),
 ]
 

@@ -14,8 +14,11 @@ def config(events: list[str], **changes) -> Config:
     cfg.parallel.world_size, cfg.task.prompts_per_step, cfg.rollout.n = 4, 12, 4
     cfg.elastic.events = events
     for key, value in changes.items():
-        section, name = key.split("__")
-        setattr(getattr(cfg, section), name, value)
+        *path, name = key.split("__")
+        section = cfg
+        for part in path:
+            section = getattr(section, part)
+        setattr(section, name, value)
     return cfg
 
 
@@ -48,7 +51,8 @@ def test_ranks_may_join_a_colocated_run_live_and_under_torchrun_only_when_starte
 
 
 @pytest.mark.parametrize("events,changes,named", [
-    (["leave:1@2"], dict(placement__policy="split", placement__rebalance=True), "placement=split with rebalance"),
+    (["leave:3@2", "join@3"], dict(parallel__train__cp=2), "parallel.train.cp=2 (context parallel does not train live "
+                                                            "in any run yet, with or without changes of world"),
     ([], dict(elastic__leave_on_sigterm=True, placement__policy="lend", algorithm__name="ppo", task__name="file",
               task__reward=["rm"]), "a reward model (task.reward naming rm) under placement=lend"),
 ])
@@ -74,6 +78,14 @@ def test_a_split_run_leaves_and_joins_live_where_joiners_train():
     assert "reaches the end of the world" in join_refusal(last)
     with pytest.raises(ConfigError, match="a reward model \\(task.reward naming rm\\) under placement=split"):
         check_elastic(config(["leave:3@2"], placement__policy="split", task__name="file", task__reward=["rm"]))
+
+
+def test_a_rebalancing_split_run_leaves_and_joins_live():
+    """placement.rebalance=true: the splits and the manager are re-planned over each new world (runtimes/rebalance.py),
+    so its changes run live and it admits elastic.join processes."""
+    check_elastic(config(["leave:3@2", "join@3"], placement__policy="split", placement__rebalance=True,
+                         placement__max_staleness=0))
+    assert join_refusal(config([], placement__policy="split", placement__rebalance=True)) is None
 
 
 def test_a_lend_run_leaves_and_joins_live_where_the_new_world_holds_both_sets():
@@ -115,8 +127,7 @@ def test_any_rank_may_leave_and_ranks_may_join_live_under_rollout_tp_2():
 def test_a_running_job_admits_join_requests_where_a_join_runs_live():
     assert join_refusal(config([])) is None
     assert join_refusal(config([], rollout__tp=2)) is None  # the engines restart at the boundary
-    assert "placement=split with rebalance" in join_refusal(config([], placement__policy="split",
-                                                                     placement__rebalance=True))
+    assert "parallel.train.cp=2 (context parallel" in join_refusal(config([], parallel__train__cp=2))
     check_elastic(config([], elastic__accept_joins=True))
     with pytest.raises(ConfigError, match="elastic.accept_joins=true: this run cannot admit joining processes live: "
                                           "parallel.schedule"):

@@ -83,6 +83,21 @@ def test_a_join_plans_from_the_old_world_into_the_joiners():
     assert new.rollout_tp == 8 and new.placement.slot(GENERATE, ROLLOUT).spec.vllm_dp == 16
 
 
+def test_context_parallel_is_kept_where_the_new_world_divides_by_it_and_dropped_dp_first_where_not():
+    """cp=2 on 4 ranks (dp2 x cp2): rank 3 leaving leaves 3 ranks, which cp 2 does not divide, so cp drops to 1 (dp 3);
+    the join returns to dp2 x cp2; on 8 ranks two leaving keep cp (dp 4 -> 3). The moves carry the cp specs."""
+    req = PolicyRequest("colocate", 4, (ACTOR, REFERENCE, ROLLOUT), ParallelLayout(cp=2))
+    left = world_after(make_placement(req), req.train, 1, GlobalBatch(12, 48), WorldChange(4, (3,)))
+    assert left.layout == ParallelLayout(cp=1)
+    assert left.moves[0].src == ParallelSpec(dp=2, cp=2) and left.moves[0].dst == ParallelSpec(dp=3)
+    back = world_after(left.placement, req.train, 1, GlobalBatch(12, 48), WorldChange(3, joining=1))
+    assert back.layout == ParallelLayout(cp=2) and back.moves[0].dst == ParallelSpec(dp=2, cp=2)
+    req = PolicyRequest("colocate", 8, (ACTOR, ROLLOUT), ParallelLayout(cp=2))
+    two = world_after(make_placement(req), req.train, 1, GlobalBatch(12, 48), WorldChange(8, (2, 5)))
+    assert two.layout == ParallelLayout(cp=2) and two.moves[0].dst == ParallelSpec(dp=3, cp=2,
+                                                                                   rank_map=(0, 1, 3, 4, 6, 7))
+
+
 def test_split_shrinks_the_set_the_rank_left_and_joiners_train():
     req = PolicyRequest("split", 4, (ACTOR, CRITIC, ROLLOUT))
     placement = make_placement(req)

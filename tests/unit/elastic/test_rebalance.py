@@ -167,3 +167,24 @@ def test_a_move_costs_its_bytes_at_the_bandwidth_plus_a_joining_engine_start_and
     assert move_seconds(3_000_000, 1e7, joins=False, engine_start_s=5.0, sync_s=0.1) == pytest.approx(0.3)
     assert move_seconds(3_000_000, 1e7, joins=True, engine_start_s=5.0, sync_s=0.1) == pytest.approx(5.4)
     assert move_seconds(10, 0.0, joins=False, engine_start_s=0.0, sync_s=0.0) == 10.0  # no bandwidth yet: 1 B/s
+
+
+def test_a_change_of_world_re_plans_the_manager_and_keeps_what_was_measured_by_set_size():
+    """4 ranks, 3+1 left for 2+2; rank 3 leaves: over 3 ranks the manager starts on 2+1 with nothing left, waits
+    `every` steps there, and predicts from the old world's phase times by set size."""
+    m = manager()
+    m.observe(step(3, gen=0.3, train=2.0))
+    m.apply(m.decide(10, FREE))  # 3+1 -> 2+2
+    m.observe(step(2, gen=0.4, train=1.2))
+    assert not m.decide(10, FREE).moves and m.left == [3]
+    new = m.over(3, [1, 2], start=2)
+    assert (new.world_size, new.candidates, new.current, new.left, new.settled) == (3, [1, 2], 2, [], False)
+    assert not new.decide(10, FREE).moves  # nothing measured in this world yet
+    new.observe(step(2, gen=0.4, train=2.0))  # 2 rollout ranks generate as in the old world; 1 trains as 3+1's did
+    predicted = new.predictions()
+    # generate at 1 rank: the fit through (3, 0.3), (2, 0.4) -> 0.7; train at 2 ranks: measured 1.2 (the old 2+2)
+    assert predicted[1] == pytest.approx(0.7 + 1.2 + 0.05)
+    assert predicted[2] == pytest.approx(0.4 + 2.0 + 0.05)  # its measurements, both worlds' (gen 0.4, 0.4)
+    assert new.decide(10, FREE).target == 1
+    with pytest.raises(ValueError, match=r"3\+0 is not among"):
+        m.over(3, [1, 2], start=3)
