@@ -14,8 +14,9 @@ from ..elastic.policies import make_placement
 
 RECOVERS = ("recovery from a lost rank runs under placement=colocate or placement=lend (snapshots at the step's end, "
             "every role at home; a rank lost inside lend's moves too) with a training layout of dp, tp and pp "
-            "(parallel.train cp, ep = 1, zero=3), rollout.tp=1, model.dtype=float32, no parallel.schedule, no "
-            "reward model, launched by python -m rlhf_dyna (not torchrun); elastic.events, elastic.leave_on_sigterm and "
+            "(parallel.train cp, ep = 1, zero=3), rollout.tp=1, model.dtype=float32, no parallel.schedule, a reward "
+            "model (task.reward naming rm) only under colocate without reward_model.offload, no algorithm=reward_model, "
+            "launched by python -m rlhf_dyna (not torchrun); elastic.events, elastic.leave_on_sigterm and "
             "elastic.join requests change the world beside it (a rank lost inside a leave stops the run)")
 
 
@@ -33,8 +34,12 @@ def recovery_problems(cfg: Config, under_torchrun: bool = False) -> list[str]:
         problems.append(f"model.dtype={cfg.model.dtype}")
     if cfg.parallel.schedule:
         problems.append("parallel.schedule")
-    if scores_with_reward_model(cfg) or cfg.algorithm.name == "reward_model":
-        problems.append("a reward model")
+    if scores_with_reward_model(cfg) and cfg.placement.policy != "colocate":
+        problems.append(f"a reward model (task.reward naming rm) under placement={cfg.placement.policy}")
+    if scores_with_reward_model(cfg) and cfg.reward_model.offload:  # its shards wait in host memory between steps
+        problems.append("reward_model.offload=true")
+    if cfg.algorithm.name == "reward_model":
+        problems.append("algorithm=reward_model")
     if under_torchrun:
         problems.append("torchrun")
     return problems

@@ -46,7 +46,7 @@ from ..config import Config
 from ..elastic.join_world import job_client_store
 from ..elastic.faults import kill_point
 from ..elastic.membership import WorldChange, world_after
-from ..elastic.placement import Placement
+from ..elastic.placement import REWARD_MODEL, Placement
 from ..elastic.policies import make_placement
 from ..elastic.replicas import Served, holder_of, recovers_from_checkpoint
 from ..elastic.world_switch import enter_new_world
@@ -336,6 +336,8 @@ class Recovery:
         self.loop.restore(run)
         whence = (f"rebuilt its state from the replicas on rank {', '.join(str(holder_of(r, served.world_size)) for r in served.lost)} and the survivors' own shards "
                   f"({moved / 2**20:,.2f} MiB moved)" if served.lost else joiner_gone(served.world_size))
+        if runtime.scorer is not None:
+            whence += f", the reward model loaded again from {self.cfg.reward_model.path}"
         return self.loop.step, moved, whence, restored
 
     def restore_replicas(self, runtime, new, layout, served: Served) -> tuple[dict, int]:
@@ -343,6 +345,8 @@ class Recovery:
         survivors' own snapshot copies and the lost ranks' replicas; the engines and the bytes moved between ranks."""
         mesh, engines, moved = build_mesh(layout), {}, 0
         for move in new.moves:
+            if move.role == REWARD_MODEL:  # frozen: loaded again from its files (reward_model_again), no replica
+                continue
             old = getattr(runtime, move.role)  # None inside a join: the move had taken it
             engines[move.role] = (empty_engine_like(old, layout, mesh, meta_skeleton(old.model)) if old is not None
                                   else self.templates[move.role].empty(layout, mesh))
@@ -350,6 +354,7 @@ class Recovery:
                                 recorder=runtime.recorder)
             moved += done.bytes_moved
             setattr(runtime, move.role, None)  # the old world's engine: its state is rebuilt
+        reward_model_again(runtime, new.placement)
         return engines, moved
 
     def agree_on_snapshot(self) -> None:
@@ -370,6 +375,13 @@ class Recovery:
         self.watchdog.close()
         if not failed:
             self.finish_sending()
+
+
+def reward_model_again(runtime, placement: Placement) -> None:
+    """Collective over the new world: the frozen reward model (where task.reward names rm) loaded from its files on
+    `placement`'s set, as the run built it at the start: its shards need no snapshot and no replica."""
+    if runtime.scorer is not None:
+        runtime.scorer.rebuild(placement)
 
 
 def trace_phases(recorder, step: int, died_at: float, caught: float, started: float, marks: tuple) -> None:

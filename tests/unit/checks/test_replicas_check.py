@@ -30,6 +30,17 @@ def test_a_colocated_dp_or_tp_run_may_keep_replicas():
     check_replicas(config(elastic__events=["leave:3@2", "join@4"], elastic__leave_on_sigterm=True))  # issue 27 + 28
 
 
+def test_a_colocated_run_with_a_reward_model_may_keep_replicas():
+    """The frozen reward model needs no replica: the survivors load it again from its files."""
+    check_replicas(config(task__name="file", task__reward=["rm", "exact"]))
+    for changes, named in [(dict(placement__policy="lend", algorithm__name="ppo"),
+                            "a reward model (task.reward naming rm) under placement=lend"),
+                           (dict(reward_model__offload=True), "reward_model.offload=true")]:
+        with pytest.raises(ConfigError) as err:
+            check_replicas(config(task__name="file", task__reward=["rm", "exact"], **changes))
+        assert named in str(err.value) and RECOVERS in str(err.value)
+
+
 def test_a_lend_run_may_keep_replicas_where_the_survivors_hold_both_sets():
     """placement=lend: the snapshot is taken at the step's end (every role at home); the survivors of a loss re-plan
     the actor's and the critic's sets, so 2 ranks (1 survivor) are refused."""
