@@ -12,8 +12,10 @@ from ..orchestrator.membership import global_batch, membership_worlds
 from ..orchestrator.placements import placement_request, scores_with_reward_model
 from ..elastic.policies import make_placement
 
-RECOVERS = ("recovery from a lost rank runs under placement=colocate or placement=lend (snapshots at the step's end, "
-            "every role at home; a rank lost inside lend's moves too) with a training layout of dp, tp and pp "
+RECOVERS = ("recovery from a lost rank runs under placement=colocate, placement=lend (snapshots at the step's end, "
+            "every role at home; a rank lost inside lend's moves too) or placement=split without rebalance at "
+            "placement.max_staleness=0 (a training rank's state rebuilt on the training set's survivors, a rollout "
+            "rank's loss one engine fewer) with a training layout of dp, tp and pp "
             "(parallel.train cp, ep = 1, zero=3), rollout.tp=1, model.dtype=float32, no parallel.schedule, a reward "
             "model (task.reward naming rm) only under colocate without reward_model.offload, no algorithm=reward_model, "
             "launched by python -m rlhf_dyna (not torchrun); elastic.events, elastic.leave_on_sigterm and "
@@ -23,8 +25,10 @@ RECOVERS = ("recovery from a lost rank runs under placement=colocate or placemen
 def recovery_problems(cfg: Config, under_torchrun: bool = False) -> list[str]:
     """What of this run recovery from a lost rank cannot handle yet; [] = it can."""
     t, problems = cfg.parallel.train, []
-    if cfg.placement.policy not in ("colocate", "lend") or cfg.placement.rebalance:
+    if cfg.placement.policy not in ("colocate", "lend", "split") or cfg.placement.rebalance:
         problems.append(f"placement={cfg.placement.policy}{' with rebalance' if cfg.placement.rebalance else ''}")
+    if cfg.placement.policy == "split" and cfg.placement.max_staleness:  # a snapshot keeps no samples generated ahead
+        problems.append(f"placement=split with placement.max_staleness={cfg.placement.max_staleness}")
     problems += [f"parallel.train.{name}={getattr(t, name)}" for name in ("cp", "ep") if getattr(t, name) != 1]
     if t.zero != 3:  # a snapshot reads the shards; ZeRO-1/2's gathered replicas would have to be rebuilt after it
         problems.append(f"parallel.train.zero={t.zero}")
