@@ -16,7 +16,8 @@ RECOVERS = ("recovery from a lost rank runs under placement=colocate, placement=
             "every role at home; a rank lost inside lend's moves too) or placement=split without rebalance at "
             "placement.max_staleness=0 (a training rank's state rebuilt on the training set's survivors, a rollout "
             "rank's loss one engine fewer) with a training layout of dp, tp and pp "
-            "(parallel.train cp, ep = 1, zero=3), rollout.tp=1, model.dtype=float32, no parallel.schedule, a reward "
+            "(parallel.train cp, ep = 1, zero=3), any rollout.tp (vLLM's TP then reduces over gloo, and the survivors "
+            "start new engines where the loss moves the tp or a rank's place in a TP group), model.dtype=float32, no parallel.schedule, a reward "
             "model (task.reward naming rm) only under colocate without reward_model.offload, no algorithm=reward_model, "
             "launched by python -m rlhf_dyna (not torchrun); elastic.events, elastic.leave_on_sigterm and "
             "elastic.join requests change the world beside it (a rank lost inside a leave stops the run)")
@@ -32,8 +33,6 @@ def recovery_problems(cfg: Config, under_torchrun: bool = False) -> list[str]:
     problems += [f"parallel.train.{name}={getattr(t, name)}" for name in ("cp", "ep") if getattr(t, name) != 1]
     if t.zero != 3:  # a snapshot reads the shards; ZeRO-1/2's gathered replicas would have to be rebuilt after it
         problems.append(f"parallel.train.zero={t.zero}")
-    if cfg.rollout.tp != 1:
-        problems.append(f"rollout.tp={cfg.rollout.tp}")
     if cfg.model.dtype != "float32":
         problems.append(f"model.dtype={cfg.model.dtype}")
     if cfg.parallel.schedule:

@@ -128,7 +128,7 @@ class Recovery:
         start = time.perf_counter()
         engines = {role: getattr(runtime, role) for role in ROLES if getattr(runtime, role) is not None}
         roles = {role: take_snapshot(engine) for role, engine in engines.items()}
-        if len(runtime.layout.ranks) < dist.get_world_size():  # split: a rollout rank holds (and serves) a replica
+        if self.cfg.placement.policy == "split":  # a rollout rank holds no role, but may hold (and serve) a replica
             shells = runtime.from_actor({role: shell_of(snap) for role, snap in roles.items()})
             roles = roles or shells
         self.templates = {role: EngineTemplate.of(e, self.templates.get(role)) for role, e in engines.items()}

@@ -20,7 +20,11 @@ rank 1 opens the run's sinks as rank 0 of the new world, metrics.jsonl holds eac
 steps the run rolls back to step 4, and the step-5 row the lost rank 0 wrote goes), the console follows the new rank 0,
 and the steps from the recovery on equal `trainer.resume` on 3 ranks. Two adjacent ranks killed at once (rank 2 held
 rank 1's replica) without a checkpoint stop the run cleanly within a time limit, naming the ranks and what was lost,
-with no process left."""
+with no process left.
+With rollout.tp=2 (vLLM's TP groups [0, 1] and [2, 3], reducing over gloo in such a run: launch/shm.vllm_tp_over_gloo)
+`kill -9` of rank 2 0.15 of a step into step 3, inside the generation, where rank 3 waits in a TP all-reduce with it:
+the watchdog's socket shutdown gets rank 3 out, the 3 survivors start new engines of tp 1 (3 ranks take no tp 2),
+and steps 3-4 equal the step-2 checkpoint resumed on 3 ranks at rollout.tp=1."""
 from __future__ import annotations
 
 import json
@@ -294,3 +298,27 @@ def test_a_rank_killed_while_a_checkpoint_is_written_leaves_the_previous_one_usa
     steps = [step for step, _ in complete]
     assert {2, 6, 8} <= set(steps), steps
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(STEPS + 1))
+
+
+@pytest.mark.timeout(600)
+def test_a_rank_lost_with_rollout_tp_2_is_survived_over_gloo(tmp_path: Path) -> None:
+    steps, kill_in, run_dir = 4, 3, tmp_path / "tp2"
+    args = [a for a in ARGS if not a.startswith("trainer.total_steps")] + [f"trainer.total_steps={steps}"]
+    done, _ = run_and_kill(run_dir, (2,), kill_in - 1, 0.15, *args, "rollout.tp=2", *REPLICAS[:2],
+                           f"trainer.save_every={kill_in - 1}", "trainer.keep_checkpoints=0", limit=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not marked_processes(str(run_dir)) and "rank 2 of 4 lost" in done.stderr
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(steps + 1))
+    assert [r["elastic/world_size"] for r in rows[1:]] == [4.0, 4.0, 3.0, 3.0]
+    assert rows[kill_in]["elastic/recovery/source"] == 1.0 and rows[kill_in]["elastic/recovery/steps_lost"] == 1.0
+    log = (run_dir / "logs" / "rank3.log").read_text()
+    assert "rlhf_dyna: vLLM's tp:0 group reduces over gloo, not its shm ring" in log, log[-3000:]
+
+    reference_dir = tmp_path / "resumed"
+    try:
+        resumed = run(reference_dir, *[a for a in args if not a.startswith("parallel.world_size=")],
+                      "parallel.world_size=3", f"trainer.resume={run_dir / 'checkpoints' / f'step_{kill_in - 1}'}")
+    finally:
+        kill_marked(reference_dir)
+    assert_same_metrics(resumed, rows[kill_in:])
