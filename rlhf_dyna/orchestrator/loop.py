@@ -76,6 +76,8 @@ def run_steps(run: Run, runtime: Runtime, set_up: Callable[[], None]) -> None:
             while step <= cfg.trainer.total_steps:
                 try:
                     step_and_log(run, runtime, step, recovery)
+                except LeftWorld:
+                    raise  # this rank has left: a loss announced later is the survivors' to recover, not its own
                 except Exception as err:
                     if recovery is None:
                         raise
