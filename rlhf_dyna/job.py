@@ -80,7 +80,7 @@ def run_job(dcfg: DictConfig) -> int:
     if torchrun:
         from .worker import run_rank  # torch.distributed and the loop: a refused config need not import them
 
-        run_rank(cfg, out_dir)
+        run_rank(cfg, out_dir, announce_joins=cfg.elastic.accept_joins)
         return 0
     joining = f" (+{joiners} joining later)" if joiners else ""
     print(f"rlhf_dyna: recipe {cfg.recipe}, {cfg.parallel.world_size} local ranks{joining}, output in {out_dir}",

@@ -15,6 +15,7 @@ from .launch.output import ROUTED_ENV, stacks_on_signal
 from .launch.shm import vllm_tp_over_gloo
 from .launch.spawn import JOINER_ENV
 from .elastic.replicas import recovers_from_checkpoint
+from .launch.torchrun_join import announce_job, end_job
 from .train.shm_collectives import use_shm_collectives
 
 
@@ -34,16 +35,22 @@ def use_collectives(cfg: Config) -> None:
                                                                                           e.recover_from_checkpoint)))
 
 
-def run_rank(cfg: Config, out_dir: Path) -> None:
+def run_rank(cfg: Config, out_dir: Path, announce_joins: bool = False) -> None:
+    """`announce_joins`: under torchrun, with elastic.accept_joins, rank 0 writes RUN_DIR/join.json (no launcher of
+    ours does) and rank 0 of the last world marks it finished (launch/torchrun_join.py)."""
     dist_info = init_distributed(device=cfg.parallel.device, tf32=cfg.trainer.tf32)
     out_dir = shared_output_dir(out_dir)
     route_rank_output(out_dir, dist_info.rank, cfg.tracking.console)  # torchrun: output to logs/, as spawn_ranks does
+    if announce_joins and dist_info.rank == 0:
+        announce_job(out_dir, out_dir / RESOLVED_CONFIG, dist_info.run_ident)
     with imports_without_gc():
         from .orchestrator.loop import run_training  # after the routing: vLLM's import notices go to the rank's log
     use_collectives(cfg)
 
     try:
         run_training(cfg, out_dir, dist_info)
+        if announce_joins and dist.is_initialized() and dist.get_rank() == 0:  # a rank that left has no world
+            end_job(out_dir)
     except Exception as err:
         record_failure(err, dist_info.rank)  # before the peers fail of it, so the launcher shows this one
         raise

@@ -6,9 +6,10 @@
   background during step 2 (`build_seconds`, off the path), what the boundary waited for that build (`wait_seconds`)
   and spent on the world's groups and meshes in all (`world_seconds`: the wait, then torch taking the groups);
   the engines' local copy; the rollout released, re-formed and synced) plus step 3's `timing_s/step`.
-- restart: the same run checkpointed after step 2 (`trainer.save_every=2`), then relaunched on 3 ranks with
-  `trainer.resume` at that checkpoint; from the launch to step 3's metrics row (imports, vLLM start-up, the checkpoint
-  load, step 3). The save itself is not counted (in the restart path's favour).
+- restart (the issue's path: save at that step, stop, relaunch with `trainer.resume`, first step done): the same run
+  checkpointed after step 2 (`trainer.save_every=2`, its last step), from step 2's metrics row to the launcher's exit
+  (the save and the stop), then relaunched on 3 ranks with `trainer.resume` at that checkpoint, from the launch to
+  step 3's metrics row (imports, vLLM start-up, the checkpoint load, step 3).
 - join: `parallel.world_size=3 elastic.events=[join@2]`; from the step boundary to the first step in the new world is
   the change's `elastic/join/seconds` (its breakdown: the wait for the joiner, which prepared in the background during
   the warm-up and steps 1-2 (`prepare_seconds`, not on the path); the new world's groups and meshes, built in the
@@ -16,6 +17,9 @@
   the world in all (`wait_seconds`, `world_seconds`); the handover; the move; vLLM re-formed and synced) plus step
   3's `timing_s/step`; against a
   3-rank run checkpointed after step 2 and relaunched on 4 ranks with `trainer.resume`.
+
+Every path runs `--repeats` times (default 3), one after another; the JSON and the table show the repeat with the
+median sum of both ratios, and list every repeat's ratios.
 
     python scripts/bench_elastic.py --out docs/bench/bench_elastic.json --note "what else ran on the machine"
     python scripts/docs_tables.py        # docs/elastic.md's table from the JSON
@@ -84,6 +88,7 @@ def change_at_step_3(run_dir: Path, kind: str, breakdown: tuple[str, ...]) -> di
     step3 = rows(run_dir)[3]
     out = {key: step3[f"elastic/{kind}/{key}"] for key in ("seconds", *breakdown, "bytes_moved", "rounds")}
     out["first_step_seconds"] = step3["timing_s/step"]
+    out["next_step_seconds"] = rows(run_dir)[4]["timing_s/step"]  # step 4, the new world warm
     out["boundary_to_first_step_seconds"] = out["seconds"] + out["first_step_seconds"]
     out["world_size"] = [r.get("elastic/world_size") for r in rows(run_dir)[1:]]
     return out
@@ -101,7 +106,10 @@ def join_path(tmp: Path) -> dict:
 
 def restart_path(tmp: Path, before: int = 4, after: int = 3, *extra: str) -> dict:
     first, second = tmp / f"before{before}", tmp / f"after{after}"
-    finish(app(first, *extra, f"parallel.world_size={before}", "trainer.save_every=2", "trainer.total_steps=2"))
+    proc = app(first, *extra, f"parallel.world_size={before}", "trainer.save_every=2", "trainer.total_steps=2")
+    row = wait_row(first, 2, proc)  # rank 0 writes the row, then saves the checkpoint and the run stops
+    finish(proc)
+    save_and_stop = time.monotonic() - row
     started = time.perf_counter()
     proc = app(second, *extra, f"parallel.world_size={after}", f"trainer.resume={first / 'checkpoints' / 'step_2'}")
     while not any(r["step"] == 3 for r in rows(second)):
@@ -112,7 +120,8 @@ def restart_path(tmp: Path, before: int = 4, after: int = 3, *extra: str) -> dic
     finish(proc)
     if not any(r["step"] == 3 for r in rows(second)):
         raise RuntimeError(f"the resumed run logged no step 3 in {second}")
-    return {"launch_to_first_step_seconds": seconds}
+    return {"save_and_stop_seconds": save_and_stop, "launch_to_first_step_seconds": seconds,
+            "path_seconds": save_and_stop + seconds}
 
 
 KILLED, AFTER = 2, 5  # rank 2 killed during step 6
@@ -236,32 +245,42 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--part", choices=("membership", "recovery"), default="membership")
     parser.add_argument("--note", default="", help="what else shared the machine, for the record")
+    parser.add_argument("--repeats", type=int, default=3, help="membership: runs of every path; the median is shown")
     args = parser.parse_args()
     load = os.getloadavg()
     if args.part == "recovery":
         return recovery_main(args.out or Path("docs/bench/bench_recovery.json"), load, args.note)
     args.out = args.out or Path("docs/bench/bench_elastic.json")
-    with tempfile.TemporaryDirectory(prefix="bench_elastic_") as tmp:
-        leave = leave_path(Path(tmp))
-        restart = restart_path(Path(tmp))
-        join = join_path(Path(tmp))
-        join_restart = restart_path(Path(tmp), 3, 4, *THREE)
-    ratio = leave["boundary_to_first_step_seconds"] / restart["launch_to_first_step_seconds"]
-    join_ratio = join["boundary_to_first_step_seconds"] / join_restart["launch_to_first_step_seconds"]
+    runs = []
+    for _ in range(args.repeats):  # each path's runs one after another, the repeats after that
+        with tempfile.TemporaryDirectory(prefix="bench_elastic_") as tmp:
+            leave, restart = leave_path(Path(tmp)), restart_path(Path(tmp))
+            join, join_restart = join_path(Path(tmp)), restart_path(Path(tmp), 3, 4, *THREE)
+        runs.append({"leave": leave, "restart": restart, "join": join, "join_restart": join_restart,
+                     "leave_over_restart": leave["boundary_to_first_step_seconds"] / restart["path_seconds"],
+                     "join_over_restart": join["boundary_to_first_step_seconds"] / join_restart["path_seconds"]})
+    median = sorted(runs, key=lambda r: r["leave_over_restart"] + r["join_over_restart"])[len(runs) // 2]
+    leave, restart, join, join_restart = median["leave"], median["restart"], median["join"], median["join_restart"]
+    ratio, join_ratio = median["leave_over_restart"], median["join_over_restart"]
     result = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": f"{os.cpu_count()} CPU cores",
               "load_average_at_start": [round(x, 1) for x in load], "note": args.note,
               "change": "rank 3 of 4 leaves after step 2",
               "leave": leave, "restart": restart, "leave_over_restart": ratio,
               "join_change": "1 rank joins 3 after step 2", "join": join, "join_restart": join_restart,
-              "join_over_restart": join_ratio}
+              "join_over_restart": join_ratio, "shown": "the repeat with the median sum of both ratios",
+              "repeats": [{k: r[k] for k in ("leave_over_restart", "join_over_restart")} for r in runs]}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print("ratios of each repeat (leave, join): " + "; ".join(f"{r['leave_over_restart']:.3f}, {r['join_over_restart']:.3f}"
+                                                            for r in runs))
     print(f"leave: {leave['boundary_to_first_step_seconds']:.2f} s from the boundary to step 3 done ("
           + ", ".join(f"{k} {leave[k]:.3f}" for k in BREAKDOWN) + f", step {leave['first_step_seconds']:.2f}); "
-          f"restart: {restart['launch_to_first_step_seconds']:.2f} s; ratio {ratio:.2f}")
+          f"restart: {restart['path_seconds']:.2f} s (save and stop {restart['save_and_stop_seconds']:.2f}, relaunch to "
+          f"step 3 {restart['launch_to_first_step_seconds']:.2f}); ratio {ratio:.3f}")
     print(f"join: {join['boundary_to_first_step_seconds']:.2f} s from the boundary to step 3 done ("
           + ", ".join(f"{k} {join[k]:.3f}" for k in JOIN_BREAKDOWN) + f", step {join['first_step_seconds']:.2f}; "
           f"prepare_seconds and build_seconds were paid in the background); restart 3 -> 4: "
-          f"{join_restart['launch_to_first_step_seconds']:.2f} s; ratio {join_ratio:.2f}")
+          f"{join_restart['path_seconds']:.2f} s (save and stop {join_restart['save_and_stop_seconds']:.2f}, relaunch "
+          f"to step 3 {join_restart['launch_to_first_step_seconds']:.2f}); ratio {join_ratio:.3f}")
 
 
 if __name__ == "__main__":

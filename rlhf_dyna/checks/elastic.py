@@ -18,8 +18,9 @@ LIVE = ("a live run executes leave:R@S and leave:A-B@S (and leaves on SIGTERM), 
         "critic's sets re-planned over the new world), with a training layout of dp, tp and pp (parallel.train cp, "
         "ep = 1; lend: pp = 1), no parallel.schedule, a reward model (task.reward naming rm) only under colocate without reward_model.offload, "
         "no algorithm=reward_model, any rollout.tp (vLLM engines restarted where a change moves their tp or a rank's "
-        "place in a TP group; split's engines are tp=1), launched by python -m rlhf_dyna (not torchrun: its launcher "
-        "starts the joining processes); placement.rebalance stays refused")
+        "place in a TP group; split's engines are tp=1); join@S needs python -m rlhf_dyna's launcher, which starts "
+        "the joining processes: under torchrun leaves run live, and a process joins when started by hand with "
+        "python -m rlhf_dyna elastic.join=RUN_DIR on rank 0's host; placement.rebalance stays refused")
 
 
 def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torchrun: bool = False) -> list[str]:
@@ -42,8 +43,10 @@ def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torch
     joins = [event.text for event, _ in worlds if event.joining]
     if joins and split and (why := joiners_generate(cfg)):
         problems.append(f"{', '.join(joins)} ({why})")
-    if joins and under_torchrun:
-        problems.append(f"{', '.join(joins)} under torchrun (python -m rlhf_dyna's launcher starts the joiners)")
+    if joins and under_torchrun:  # nobody would start the joiners: the app does not spawn processes under torchrun
+        problems.append(f"{', '.join(joins)} under torchrun (python -m rlhf_dyna's launcher starts a scripted joiner; "
+                        f"under torchrun start python -m rlhf_dyna elastic.join=RUN_DIR by hand instead, on rank 0's "
+                        f"host, and drop {', '.join(joins)})")
     problems += [f"{event.text} ({why})" for event, world in worlds
                  if event.leaving and (why := live_refusal(world.change, store_host_rank(launching=not under_torchrun)))]
     return problems
@@ -65,8 +68,6 @@ def join_refusal(cfg: Config, under_torchrun: bool = False) -> str | None:
     problems = live_problems(cfg, [], under_torchrun)  # beside recovery from a lost rank too (the world regrows)
     if cfg.placement.policy == "split" and (why := joiners_generate(cfg)):
         problems.append(why)
-    if under_torchrun:
-        problems.append("torchrun (elastic.join needs the job store of python -m rlhf_dyna's launcher)")
     return "; ".join(problems) or None
 
 

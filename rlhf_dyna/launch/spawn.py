@@ -25,7 +25,7 @@ from .devices import cuda_initialised, forks_ranks
 from .failure import ERROR_FILE_ENV, RankFailure, error_file, first_failure, read_failure
 from .fork import ForkedRank, fork_rank, preload as preload_modules
 from .host import AGENT_STORE_ENV, check_capacity, free_port, new_run_ident, usable_cores, visible_gpu_count
-from .join_file import RunningJob, mark_finished, write_join_file
+from .join_file import RunningJob, mark_finished, this_node, write_join_file
 from .joiner_watch import POLL_S as JOINERS_POLL_S, JoinerWatch
 from .lost_ranks import LossHandler, settle
 from .output import LAUNCHER_LOG, ROUTED_ENV, log_dir, output_to, pump, rank_log
@@ -231,7 +231,8 @@ def spawn_ranks(
             previous_handlers[sig] = signal.signal(sig, lambda signum, frame: stop_signal.append(signum))
 
     if join_config is not None:
-        write_join_file(run_dir, RunningJob("127.0.0.1", port, run_ident, os.getpid(), world_size, str(join_config)))
+        write_join_file(run_dir, RunningJob("127.0.0.1", port, run_ident, os.getpid(), world_size, str(join_config),
+                                            node=this_node()))
     procs: list[Rank] = []
     pumps: list[threading.Thread] = []
     exits: queue.Queue[tuple[int, float]] = queue.Queue()  # (rank, when) in the order they exited

@@ -35,10 +35,11 @@ from torch import Tensor
 from torch.nn import Module
 
 from ..elastic.faults import kill_point
-from ..elastic.join_world import GONE, Admission, admit, claim, fate, refuse, wait_settled
+from ..elastic.join_world import GONE, Admission, admit, announced_pid, claim, drop, fate, refuse, wait_settled
 from ..elastic.membership import MembershipError, NewWorld, WorldChange, world_after
 from ..elastic.world_prebuild import WorldBuild, configured_backend, record_world, world_metrics
 from ..elastic.world_switch import enter_new_world
+from ..launch.joiner_watch import alive as process_alive
 from ..launch.world_record import claim_published
 from ..parallel_layout import ParallelLayout
 from ..rollout.reform import release_groups
@@ -48,7 +49,7 @@ from ..transition.relayout import bind_train_state, empty_engine, meta_skeleton,
 from ..transition.role_move import move_role_state, role_catalog
 from ..vps.model import ModelCatalog
 from ..vps.spec import ParallelSpec
-from .leave import engines_on, role_layout, trained_layout
+from .leave import role_layout, trained_layout
 from .live_world import Membership
 from .run import Run
 
@@ -70,7 +71,6 @@ class Handover:
 
     name: str  # the change's trace and metric name, elastic/join/+N@S
     new: NewWorld
-    old_layout: ParallelLayout
     roles: dict[str, RoleBlueprint]
     step: int  # the last step done: the joiners' first is step + 1
     loop_rng: random.Random
@@ -92,7 +92,7 @@ def blueprint(engine) -> RoleBlueprint:
 def handover(runtime, membership: Membership, new: NewWorld, step: int, name: str) -> Handover:
     run: Run = runtime.run
     roles = {move.role: blueprint(getattr(runtime, move.role)) for move in new.moves}
-    return Handover(name, new, runtime.layout, roles, step, run.rng, random.getstate(), torch.get_rng_state(),
+    return Handover(name, new, roles, step, run.rng, random.getstate(), torch.get_rng_state(),
                     getattr(run.task, "state_dict", dict)(), run.kl_ctl, membership.joiners_before,
                     runtime.rollout_layout.tp, runtime.handover_state())
 
@@ -117,9 +117,9 @@ def take_over(runtime, h: Handover) -> None:
 
 def spread(runtime, h: Handover, staged: dict, skeletons: dict[str, Module], layout: ParallelLayout,
            mesh) -> tuple[dict, int, int]:
-    """Collective over the new world: each role's state from `staged` (the old ranks' engines on the old layout's
-    ranks; {} on a joiner and on a rank outside the set) into empty engines on `mesh` of the new layout, on its ranks;
-    (role -> engine, bytes moved, rounds)."""
+    """Collective over the new world: each role's state from `staged` (the old ranks' engines of the old world, whose
+    local shards are the old layout's; {} on a joiner and on a rank outside the set) into empty engines on `mesh` of
+    the new layout, on its ranks; (role -> engine, bytes moved, rounds)."""
     engines, moved, rounds, holds = {}, 0, 0, dist.get_rank() in layout.ranks
     for move in h.new.moves:
         source, plan = staged.get(move.role), h.roles[move.role]
@@ -140,13 +140,13 @@ def grow(runtime, membership: Membership, h: Handover, engines: dict, skeletons:
     built them), stage, spread, re-form vLLM, sync; timings."""
     started = time.perf_counter()
     layout = trained_layout(h.new)
-    staging, mesh = build_mesh(h.old_layout), build_mesh(layout)  # the first over the old ranks: joiners take part
+    mesh = build_mesh(layout)
     background = build is not None and build.close()
     meshed_at = time.perf_counter()
-    staged = engines_on(h.old_layout, engines, staging)
     for role in engines:
-        setattr(runtime, role, None)  # the old world's engine: its state is staged now
-    grown, moved, rounds = spread(runtime, h, staged, skeletons, layout, mesh)
+        setattr(runtime, role, None)  # the old world's engine: the move's source, dropped after it
+    # an old rank keeps its number, so the old engines' shards are the old layout's in the new world too: the source
+    grown, moved, rounds = spread(runtime, h, engines, skeletons, layout, mesh)
     moved_at = time.perf_counter()
     membership.placement, membership.joiners_before = h.new.placement, h.joiners_before
     runtime.reform_rollout(h.new.change, h.engine_tp, h.new.rollout_tp)
@@ -216,6 +216,8 @@ def admitted(membership: Membership, joiners: list[str], name: str) -> list[str]
     box = [joiners]
     if dist.get_rank() == 0:
         store = membership.store
+        for joiner in joiners:
+            drop_if_dead(store, joiner)
         alive = [j for j in joiners if fate(store, j) != GONE and claim(store, j)]
         dead = [j for j in joiners if j not in alive]
         if dead:
@@ -239,6 +241,16 @@ def admitted(membership: Membership, joiners: list[str], name: str) -> list[str]
         box = [alive]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def drop_if_dead(store, name: str) -> None:
+    """Rank 0, before it claims joiner `name` or agrees on it: its process (the pid it announced, on this host: the
+    join file's node) is gone, so it is dropped; under torchrun no launcher of ours watches it, elsewhere this only
+    comes first where the launcher's watch has not looked yet (launch/joiner_watch.py)."""
+    pid = announced_pid(store, name)
+    if pid is not None and fate(store, name) is None and not process_alive(pid) and drop(store, name):
+        print(f"rlhf_dyna: {name} (pid {pid}) died before the world admitted it; the run goes on without it",
+              flush=True)
 
 
 def process_of(membership: Membership, name: str) -> int | str:

@@ -5,13 +5,14 @@ At the boundary, on every rank of the old world, for each change due (`elastic.e
 S, then the ranks that received SIGTERM under elastic.leave_on_sigterm=true, agreed on by one all-reduce):
 1. the new world is planned (elastic.membership.world_after: dp fills the survivors, the same global batch); a change
    that cannot happen is refused here with a message, and the run goes on in the old world;
-2. a mesh over the training set's survivors is built inside the old world, each role's empty engine on it, and the
-   role's parameters and AdamW state move into it by VPS plan over the old world (transition.role_move: the leaving
-   ranks send; under split a rollout rank holds none, and the training state stays where it is);
+2. each role's parameters and AdamW state move by VPS plan over the old world into tensors of the new layout's shards
+   on the survivors of its set (transition.role_move: the leaving ranks send; under split a rollout rank holds none,
+   and the training state stays where it is);
 3. vLLM's process groups and the old default group are destroyed (rollout.reform: the engines stay); the leaving
    ranks stop (LeftWorld, exit code 0); the survivors join a new default group over a fresh prefix of the job's store
    (elastic.world_switch: over the groups built in the background during the step before, orchestrator/next_world.py,
-   where the change was known then), copy their shards into engines on the new world's mesh, and the runtime takes
+   where the change was known then), build each role's engine once on the new world's mesh and copy the shards in,
+   and the runtime takes
    its new world (`Runtime.enter_world`: colocate re-forms its vLLM engines' groups and data-parallel places over the
    new world, one replica fewer per leaving rank; split's rollout engines live outside the world and stay) and syncs
    the weights.
@@ -21,9 +22,11 @@ from __future__ import annotations
 import atexit
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch.distributed as dist
+from torch import Tensor
+from torch.nn import Module
 
 from ..elastic.faults import kill_point
 from ..elastic.membership import MembershipError, NewWorld, WorldChange, live_refusal, world_after
@@ -36,8 +39,8 @@ from ..parallel_layout import ParallelLayout
 from ..rollout.reform import release_groups
 from ..train.mesh import build_mesh
 from ..transition.bind_train import train_spec
-from ..transition.relayout import bind_train_state, empty_engine_like, meta_skeleton
-from ..transition.role_move import ALL_KINDS, copy_state_locally, move_role_state, role_catalog
+from ..transition.relayout import bind_train_state, empty_engine, meta_skeleton, optimizer_groups, settings_of
+from ..transition.role_move import ALL_KINDS, fill_engine, move_role_state_to_buffers, role_catalog
 from ..transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
 from ..vps.model import ModelCatalog
 from ..vps.spec import ParallelSpec
@@ -108,36 +111,49 @@ def role_layout(layout: ParallelLayout, role: str) -> ParallelLayout:
     return replace(layout, zero=3) if role == REWARD_MODEL else layout
 
 
-def send_state(runtime, new: NewWorld, layout: ParallelLayout, name: str) -> tuple[dict, int, int]:
-    """Collective over the old world: every training role's state into engines on a mesh over the survivors of its
-    set (`layout` of the new world, its ranks in the old numbering); (role -> engine, bytes moved, rounds), with no
-    engine on the ranks that will not hold the role. The runtime's old engines are dropped."""
+@dataclass
+class MovedRole:
+    """A role's state as a survivor received it at a leave (the new layout's shards in plain tensors: `shards`,
+    AdamW's `step`) and what builds its engine on the new world's mesh (transition.relayout.empty_engine)."""
+
+    settings: dict
+    groups: list[dict]
+    buffers: dict[str, Tensor]  # the model's (rotary frequencies), replicated in every layout
+    skeleton: Module
+    shards: dict[str, Tensor]
+    step: float
+
+
+def send_state(runtime, new: NewWorld, layout: ParallelLayout, name: str) -> tuple[dict[str, MovedRole], int, int]:
+    """Collective over the old world: every training role's state into tensors of the new layout's shards on the
+    survivors of its set (`layout` of the new world, its ranks in the old numbering), the engines built once in the
+    new world (`engines_on`); (role -> MovedRole, bytes moved, rounds), {} on the ranks that will not hold the role.
+    The runtime's old engines are dropped."""
     holders = [new.change.new_ranks[r] for r in layout.ranks]
     staying = dist.get_rank() in holders
-    mesh = build_mesh(layout, holders)  # collective: the leaving ranks and those outside the set take part
     sources = role_sources(runtime, new)
     staged, moved, rounds = {}, 0, 0
     for move in new.moves:
         engine = getattr(runtime, move.role)  # None on a rank outside the role's set (split's rollout ranks)
-        destination = empty_engine_like(engine, role_layout(layout, move.role), mesh,
-                                        meta_skeleton(engine.model)) if staying else None
         catalog, src_spec, _ = sources[move.role]
-        stats = move_role_state(engine, destination, src_spec, move.dst, catalog, recorder=runtime.recorder,
-                                trace_name=name)
+        shards, step, stats = move_role_state_to_buffers(engine, staying, src_spec, move.dst, catalog,
+                                                         engine.device if staying else None,
+                                                         recorder=runtime.recorder, trace_name=name)
         moved, rounds = moved + stats.bytes_moved, rounds + stats.rounds
-        if destination is not None:
-            staged[move.role] = destination
+        if staying:
+            staged[move.role] = MovedRole(settings_of(engine), optimizer_groups(engine),
+                                          dict(engine.model.named_buffers()), meta_skeleton(engine.model), shards, step)
         setattr(runtime, move.role, None)  # the old world's engine: its state has moved
     return staged, moved, rounds
 
 
-def engines_on(layout: ParallelLayout, staged: dict, mesh) -> dict:
-    """The staged engines (on the survivors' mesh of the old world) copied, shard for shard, onto the new world's
-    `mesh` of `layout`; {} on a rank that holds none."""
+def engines_on(layout: ParallelLayout, staged: dict[str, MovedRole], mesh) -> dict:
+    """The moved roles' engines on the new world's `mesh` of `layout`, filled from their shards; {} on a rank that
+    holds none."""
     engines = {}
-    for role, engine in staged.items():
-        engines[role] = empty_engine_like(engine, role_layout(layout, role), mesh, meta_skeleton(engine.model))
-        copy_state_locally(engine, engines[role])
+    for role, m in staged.items():
+        engines[role] = empty_engine(m.settings, m.groups, m.buffers, role_layout(layout, role), mesh, m.skeleton)
+        fill_engine(engines[role], m.shards, m.step)
     return engines
 
 

@@ -23,7 +23,7 @@ from ..elastic.world_builder import builds_in_background
 from ..elastic.world_prebuild import WorldBuild, WorldPlan, mesh_groups, plan_payload
 from ..parallel_layout import ParallelLayout
 from ..transition.transport import world_transport
-from .join import joined_world
+from .join import drop_if_dead, joined_world
 from .leave import left_world, preplan_moves, trained_layout
 from .live_world import Membership
 
@@ -75,7 +75,7 @@ def next_change(runtime, membership: Membership,
             return None
         new = joined_world(membership, len(joiners))
         size = new.change.new_world_size
-        return rank, size, [runtime.layout, trained_layout(new)], joiners  # the join stages on the old layout first
+        return rank, size, [trained_layout(new)], joiners
     except MembershipError:
         return None
 
@@ -89,6 +89,7 @@ def agreed_requests(membership: Membership) -> list[str]:
         store, names = membership.store, []
         seen = membership.requests_seen
         for n in range(membership.requests_seen, requests_so_far(store)):  # in order: one still preparing waits
+            drop_if_dead(store, request(n))
             if fate(store, request(n)) is not None:  # dead first (the launcher saw it), or claimed in a lost world
                 seen = n + 1
                 continue

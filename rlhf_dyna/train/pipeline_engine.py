@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor
 
 from rlhf_dyna.models.build import ValueOutput
 from rlhf_dyna.train.engine import LossFn, TrainEngine, position_ids_from_mask, reshard
+from rlhf_dyna.train.grad_norm import clip_grads_, squared_grad_norm
 from rlhf_dyna.train.logprobs import logits_to_keep, token_logprobs
 from rlhf_dyna.train.pp_stage import StageModule, bubble_fraction, split_stage
 from rlhf_dyna.vps.spec import train_spec
@@ -189,23 +190,14 @@ class PipelineEngine(TrainEngine):
         dist.all_reduce(_local(param.grad), group=self.tied_group)
 
     def clip_gradients(self) -> float:
-        """Global L2 norm over every stage (the tied embedding counted once), clipped per stage with torch's helpers."""
+        """Global L2 norm over every stage (the tied embedding counted once), clipped per stage (train/grad_norm.py)."""
         params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
         skip = {id(self.stage_module.lm_head.weight)} if self.tied and self.stage_module.is_last else set()
-        by_mesh: dict[object, list[nn.Parameter]] = {}
-        for p in params:
-            by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
-        squares = torch.zeros((), dtype=torch.float64)
-        for group in by_mesh.values():
-            counted = [p.grad for p in group if id(p) not in skip]
-            if counted:
-                norm = torch.nn.utils.get_total_norm(counted)
-                squares += float(norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2
+        squares = squared_grad_norm([p.grad for p in params if id(p) not in skip])
         dist.all_reduce(squares, group=self.pp_mesh.get_group())
-        total = squares.sqrt().to(torch.float32)
+        total = squares.sqrt()
         if self.grad_clip is not None:
-            for group in by_mesh.values():
-                torch.nn.utils.clip_grads_with_norm_(group, self.grad_clip, total)
+            clip_grads_([p.grad for p in params], self.grad_clip, total)
         return float(total)
 
     def _keep_logits(self, loss_mask: Tensor | None) -> None:

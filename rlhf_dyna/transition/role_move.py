@@ -24,10 +24,11 @@ from rlhf_dyna.models.reward_catalog import reward_catalog_from_config
 from rlhf_dyna.models.value_catalog import value_catalog_from_config
 from rlhf_dyna.train.engine import TrainEngine, refresh_fsdp_shards
 from rlhf_dyna.train.mesh import layout_of_mesh
-from rlhf_dyna.transition.bind_train import DTYPE_NAMES, StateKey, bind_train_buffers, local_tensor
+from rlhf_dyna.transition.bind_train import DTYPE_NAMES, StateKey, bind_train_buffers, buffer_name, local_tensor
 from rlhf_dyna.transition.executor import execute
 from rlhf_dyna.transition.relayout import allocate_optimizer_state, bind_train_state, empty_engine_like, meta_skeleton
 from rlhf_dyna.transition.trace import TraceRecorder
+from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.transition.transport import release_cached_memory, wire_device, world_transport
 from rlhf_dyna.transition.vps_plans import DEFAULT_BUDGET_BYTES, planned
 from rlhf_dyna.vps.model import ModelCatalog
@@ -106,16 +107,59 @@ def move_role_state(source: TrainEngine | None, destination: TrainEngine | None,
     if destination is not None:
         prepare_optimizer(destination, step)
     t = planned(catalog, src_spec, catalog, dst_spec, kinds, budget_bytes, rank)
-    src = _of_kinds(bind_train_state(source), kinds) if source is not None else {}
     dst = _of_kinds(bind_train_state(destination), kinds) if destination is not None else {}
-    stats = execute(t.rank_plan, bind_train_buffers(src, t.src, rank, t.src_buffers),
-                    bind_train_buffers(dst, t.dst, rank, t.dst_buffers), trace=recorder, trace_name=trace_name)
+    stats = _execute(source, bind_train_buffers(dst, t.dst, rank, t.dst_buffers), t, kinds, rank, recorder, trace_name)
     if destination is not None:
-        refresh_fsdp_shards(destination.model)
-        if destination.zero < 3:
-            destination.materialize_replicas()
-    release_cached_memory(wire_device(world_transport()))  # CUDA: the move's staging goes back to the driver
+        _refresh(destination)
     return RoleMoveStats(time.perf_counter() - start, t.bytes_between_ranks, stats.rounds, stats.peak_extra_bytes)
+
+
+def move_role_state_to_buffers(source: TrainEngine | None, receives: bool, src_spec: ParallelSpec,
+                               dst_spec: ParallelSpec, catalog: ModelCatalog, device: torch.device,
+                               budget_bytes: int = DEFAULT_BUDGET_BYTES, recorder: TraceRecorder | None = None,
+                               trace_name: str = "role_move") -> tuple[dict[str, Tensor], float, RoleMoveStats]:
+    """`move_role_state` into plain local tensors of the destination layout's shapes on this rank (where it
+    `receives`; else {}), for an engine built later on another world's mesh (`fill_engine`): a leave moves over the old
+    world into the layout of the new one. Returns (buffer name -> tensor, the source's AdamW step, stats)."""
+    start, rank = time.perf_counter(), dist.get_rank()
+    step = shared_step(source, src_spec.first_rank)
+    kinds = ALL_KINDS if step >= 0 else (Kind.PARAM,)
+    t = planned(catalog, src_spec, catalog, dst_spec, kinds, budget_bytes, rank)
+    dst = {name: torch.empty(b.shape, dtype=TORCH_DTYPES[b.dtype], device=device)
+           for name, b in t.dst_buffers.items()} if receives else {}
+    stats = _execute(source, dst, t, kinds, rank, recorder, trace_name)
+    return dst, step, RoleMoveStats(time.perf_counter() - start, t.bytes_between_ranks, stats.rounds,
+                                    stats.peak_extra_bytes)
+
+
+def _execute(source: TrainEngine | None, dst: dict[str, Tensor], t, kinds: tuple[Kind, ...], rank: int,
+             recorder: TraceRecorder | None, trace_name: str):
+    src = _of_kinds(bind_train_state(source), kinds) if source is not None else {}
+    stats = execute(t.rank_plan, bind_train_buffers(src, t.src, rank, t.src_buffers), dst, trace=recorder,
+                    trace_name=trace_name)
+    release_cached_memory(wire_device(world_transport()))  # CUDA: the move's staging goes back to the driver
+    return stats
+
+
+def _refresh(engine: TrainEngine) -> None:
+    """After its shards were written: FSDP's views of them, and ZeRO-1/2's replicas re-gathered."""
+    refresh_fsdp_shards(engine.model)
+    if engine.zero < 3:
+        engine.materialize_replicas()
+
+
+def fill_engine(engine: TrainEngine, buffers: Mapping[str, Tensor], step: float) -> None:
+    """`move_role_state_to_buffers`' tensors into `engine` (built on the layout they were planned for), AdamW's step
+    counter set: local copies only (no collective but ZeRO-1/2's re-gather of replicas)."""
+    prepare_optimizer(engine, step)
+    with torch.no_grad():
+        for key, tensor in bind_train_state(engine).items():
+            local, name = local_tensor(tensor), buffer_name(key)
+            if name in buffers:
+                local.copy_(buffers[name])
+            elif local.numel():
+                raise ValueError(f"{name}: the moved buffers lack this rank's {tuple(local.shape)} shard")
+    _refresh(engine)
 
 
 def state_storages(engine: TrainEngine) -> dict[int, torch.UntypedStorage]:
@@ -149,19 +193,3 @@ class ParkedState:
         for storage, nbytes in self._sizes.values():
             storage.resize_(nbytes)
         self._sizes.clear()
-
-
-def copy_state_locally(source: TrainEngine, destination: TrainEngine) -> None:
-    """`source`'s parameters, AdamW moments and step into `destination`, an engine of the same layout on another mesh
-    over the same ranks (a new world's): shard for shard, local copies only (no collective but ZeRO-1/2's re-gather
-    of replicas on the destination's mesh)."""
-    prepare_optimizer(destination, optimizer_step(source))
-    src, dst = bind_train_state(source), bind_train_state(destination)
-    if src.keys() != dst.keys():
-        raise ValueError(f"state keys differ: {sorted(src.keys() ^ dst.keys())[:5]}")
-    with torch.no_grad():
-        for key, tensor in dst.items():
-            local_tensor(tensor).copy_(local_tensor(src[key]))
-    refresh_fsdp_shards(destination.model)
-    if destination.zero < 3:
-        destination.materialize_replicas()

@@ -144,7 +144,7 @@ def results(bench: Path, prefix: str = "docs/bench/") -> str:
     leave, join = elastic["leave"], elastic["join"]
     row("a rank leaving a live 4-rank grpo_tiny run after step 2, and one joining a 3-rank run",
         f"from the boundary to step 3 done: leave {leave['boundary_to_first_step_seconds']:.2f} s, "
-        f"**{100 * elastic['leave_over_restart']:.1f}%** of checkpoint and restart; join "
+        f"**{100 * elastic['leave_over_restart']:.1f}%** of save, stop and restart; join "
         f"{join['boundary_to_first_step_seconds']:.2f} s, **{100 * elastic['join_over_restart']:.1f}%**",
         "bench_elastic.json", elastic["date"])
     recovery = read(bench, "bench_recovery.json")

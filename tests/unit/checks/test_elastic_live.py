@@ -35,11 +35,16 @@ def test_rank_0_may_leave_where_a_launcher_serves_the_store(monkeypatch):
         check_elastic(config(["leave:0@2"]), under_torchrun=True)
 
 
-def test_ranks_may_join_a_colocated_run_live_but_not_under_torchrun():
+def test_ranks_may_join_a_colocated_run_live_and_under_torchrun_only_when_started_by_hand():
+    """Under torchrun nobody starts a scripted joiner: join@S is refused, naming the command that joins instead; a
+    torchrun job itself admits elastic.join=RUN_DIR processes."""
     check_elastic(config(["leave:3@2", "join@3"]))
     check_elastic(config(["join@2", "leave:1-2@3", "join:2@4"], parallel__world_size=2))
-    with pytest.raises(ConfigError, match="join@3 under torchrun"):
+    with pytest.raises(ConfigError, match=r"join@3 under torchrun \(.*start python -m rlhf_dyna elastic.join=RUN_DIR "
+                                          r"by hand instead, on rank 0's host, and drop join@3\)"):
         check_elastic(config(["leave:3@2", "join@3"]), under_torchrun=True)
+    assert join_refusal(config([]), under_torchrun=True) is None
+    check_elastic(config(["leave:3@2"], elastic__accept_joins=True), under_torchrun=True)
 
 
 @pytest.mark.parametrize("events,changes,named", [
@@ -112,7 +117,6 @@ def test_a_running_job_admits_join_requests_where_a_join_runs_live():
     assert join_refusal(config([], rollout__tp=2)) is None  # the engines restart at the boundary
     assert "placement=split with rebalance" in join_refusal(config([], placement__policy="split",
                                                                      placement__rebalance=True))
-    assert "torchrun" in join_refusal(config([]), under_torchrun=True)
     check_elastic(config([], elastic__accept_joins=True))
     with pytest.raises(ConfigError, match="elastic.accept_joins=true: this run cannot admit joining processes live: "
                                           "parallel.schedule"):
