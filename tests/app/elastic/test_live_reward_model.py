@@ -8,8 +8,8 @@ process behind, and logs the same rewards (the rm scores among them), losses, gr
 (relative 1e-5) as the run whose world never changed; the leave's bytes equal the dry run's planned minimum, which
 counts the reward model's move.
 
-With elastic.replicas=1 the same run survives a `kill -9` of rank 2 0.3 of a step into step 3 (in its generation or
-scoring): the frozen reward model keeps no replica, and the survivors load it again from reward_model.path on their
+With elastic.replicas=1 the same run survives a `kill -9` of rank 2 just before step 3's generation (the others
+generate, then score): the frozen reward model keeps no replica, and the survivors load it again from reward_model.path on their
 3-rank world, as the run built it at the start, while the actor, critic and reference come from the replicas. Exit code
 0, nothing left, each step once, and steps 3-4 equal the run's step-2 checkpoint resumed on 3 ranks by
 `trainer.resume` (relative 1e-5).
@@ -23,7 +23,7 @@ import pytest
 
 from rlhf_dyna.models.tiny_checkpoint import make_tiny_checkpoint, make_tiny_reward_model
 from tests.app.app_runs import read_metrics, run_cli
-from tests.app.elastic.test_replica_recovery import run_and_kill
+from tests.app.elastic.live_runs import run_with_kill_point
 from tests.app.marked_processes import marked_processes
 from tests.app.runs.test_file_task import chat_rows, write_jsonl
 from tests.app.runs.test_reward_model_loop import file_task
@@ -73,10 +73,11 @@ def test_a_rank_lost_in_a_run_with_a_reward_model_is_survived_and_the_reward_mod
     kill_in = 3
     args = [a for a in file_task(models, *PPO4) if a != "task.eval_size=4"]
     run_dir = tmp_path / "killed"
-    done, _ = run_and_kill(run_dir, (2,), kill_in - 1, 0.3, *args, "elastic.replicas=1", "elastic.snapshot_every=1",
-                           f"trainer.save_every={kill_in - 1}", "trainer.keep_checkpoints=0", limit=400)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert not marked_processes(str(run_dir)) and "rank 2 of 4 lost" in done.stderr
+    code, out, err, _ = run_with_kill_point(run_dir, *args, "elastic.replicas=1", "elastic.snapshot_every=1",
+                                            f"trainer.save_every={kill_in - 1}", "trainer.keep_checkpoints=0",
+                                            kill_at=f"generate/step_{kill_in}@2", limit=400)
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert not marked_processes(str(run_dir)) and "rank 2 of 4 lost" in err
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]  # each step once: step 3 redone on 3 ranks
     assert [r["elastic/world_size"] for r in rows[1:]] == [4.0, 4.0, 3.0, 3.0]

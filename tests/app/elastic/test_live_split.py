@@ -15,9 +15,10 @@ max_staleness=0 the session's colocate run (split logs colocate's: test_split.py
 The bytes each change moved equal the dry run's planned minimum of the same command.
 
 With elastic.replicas=1 (max_staleness=0; the ring over the world, so rollout rank 0 holds the replica of training rank
-3's shards) a rank killed (`kill -9`) 0.4 of a step into step 3 is survived: training rank 3 (its shares of the actor
-and the reference rebuilt on the training set's survivor, rank 2, from rank 0's replica: a rollout rank serves it)
-or rollout rank 1 (nothing rebuilt but the set: rank 0's engine generates alone). Exit code 0, no process and no weight
+3's shards) a rank killed (`kill -9`, elastic/faults.kill_point) in step 3 is survived: training rank 3 just before the
+weight sync, where the rollout ranks wait for it (its shares of the actor and the reference rebuilt on the training
+set's survivor, rank 2, from rank 0's replica: a rollout rank serves it), or rollout rank 1 just before the
+generation (nothing rebuilt but the set: rank 0's engine generates alone). Exit code 0, no process and no weight
 file left, each step once, and steps 3-4 equal the run's step-2 checkpoint resumed by `trainer.resume` on 3 ranks
 split as the survivors are (rollout 2 + training 1, or 1 + 2).
 """
@@ -29,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.app.app_runs import read_metrics, run_cli
-from tests.app.elastic.test_replica_recovery import run_and_kill
+from tests.app.elastic.live_runs import run_with_kill_point
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, SYNC, assert_same_metrics, kill_marked, run, weight_files
 
@@ -110,15 +111,18 @@ def test_a_rollout_rank_leaves_with_its_engine_and_the_joiner_trains(tmp_path: P
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("lost,rollout_after", [(3, 2), (1, 1)], ids=["training_rank", "rollout_rank"])
-def test_a_rank_lost_under_split_is_survived_from_the_replicas(tmp_path: Path, lost: int, rollout_after: int) -> None:
+@pytest.mark.parametrize("lost,point,rollout_after", [(3, "weight_sync", 2), (1, "generate", 1)],
+                         ids=["training_rank", "rollout_rank"])
+def test_a_rank_lost_under_split_is_survived_from_the_replicas(tmp_path: Path, lost: int, point: str,
+                                                                rollout_after: int) -> None:
     kill_in, run_dir, before = 3, tmp_path / "killed", weight_files()
-    done, _ = run_and_kill(run_dir, (lost,), kill_in - 1, 0.4, *ARGS, "elastic.replicas=1", "elastic.snapshot_every=1",
-                           f"trainer.save_every={kill_in - 1}", "trainer.keep_checkpoints=0", limit=400)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    code, out, err, _ = run_with_kill_point(run_dir, *ARGS, "elastic.replicas=1", "elastic.snapshot_every=1",
+                                            f"trainer.save_every={kill_in - 1}", "trainer.keep_checkpoints=0",
+                                            kill_at=f"{point}/step_{kill_in}@{lost}", limit=400)
+    assert code == 0, out[-3000:] + err[-3000:]
     assert not marked_processes(str(run_dir)), "engine or rank processes outlived the run"
     assert weight_files() - before == set(), "the run left weight files in /dev/shm"
-    assert f"rank {lost} of 4 lost" in done.stderr
+    assert f"rank {lost} of 4 lost" in err
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(STEPS + 1))  # each step once: step 3 redone on 3 ranks
     assert [r["elastic/world_size"] for r in rows[1:]] == [4.0] * (kill_in - 1) + [3.0] * (STEPS - kill_in + 1)

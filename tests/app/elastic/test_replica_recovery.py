@@ -22,7 +22,8 @@ and the steps from the recovery on equal `trainer.resume` on 3 ranks. Two adjace
 rank 1's replica) without a checkpoint stop the run cleanly within a time limit, naming the ranks and what was lost,
 with no process left.
 With rollout.tp=2 (vLLM's TP groups [0, 1] and [2, 3], reducing over gloo in such a run: launch/shm.vllm_tp_over_gloo)
-`kill -9` of rank 2 0.15 of a step into step 3, inside the generation, where rank 3 waits in a TP all-reduce with it:
+rank 2 kills itself just before step 3's generation (elastic/faults.kill_point `generate/step_3`), so rank 3 waits for
+it in a TP collective of the forward pass (without the gloo path it spins there for ever, in vLLM's shm all-gather):
 the watchdog's socket shutdown gets rank 3 out, the 3 survivors start new engines of tp 1 (3 ranks take no tp 2),
 and steps 3-4 equal the step-2 checkpoint resumed on 3 ranks at rollout.tp=1."""
 from __future__ import annotations
@@ -41,7 +42,7 @@ from rlhf_dyna.launch.shm import SHM_DIR
 from rlhf_dyna.launch.spawn import mapped_shm
 from rlhf_dyna.orchestrator.checkpoint_dirs import scan
 from tests.app.app_runs import AppProcess, read_metrics
-from tests.app.elastic.live_runs import signal_rank, start, wait_for
+from tests.app.elastic.live_runs import run_with_kill_point, signal_rank, start, wait_for
 from tests.app.elastic.rank_logs import announced_pid
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
@@ -304,10 +305,11 @@ def test_a_rank_killed_while_a_checkpoint_is_written_leaves_the_previous_one_usa
 def test_a_rank_lost_with_rollout_tp_2_is_survived_over_gloo(tmp_path: Path) -> None:
     steps, kill_in, run_dir = 4, 3, tmp_path / "tp2"
     args = [a for a in ARGS if not a.startswith("trainer.total_steps")] + [f"trainer.total_steps={steps}"]
-    done, _ = run_and_kill(run_dir, (2,), kill_in - 1, 0.15, *args, "rollout.tp=2", *REPLICAS[:2],
-                           f"trainer.save_every={kill_in - 1}", "trainer.keep_checkpoints=0", limit=400)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert not marked_processes(str(run_dir)) and "rank 2 of 4 lost" in done.stderr
+    code, out, err, _ = run_with_kill_point(run_dir, *args, "rollout.tp=2", *REPLICAS[:2],
+                                            f"trainer.save_every={kill_in - 1}", "trainer.keep_checkpoints=0",
+                                            kill_at=f"generate/step_{kill_in}@2", limit=400)
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert not marked_processes(str(run_dir)) and "rank 2 of 4 lost" in err
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(steps + 1))
     assert [r["elastic/world_size"] for r in rows[1:]] == [4.0, 4.0, 3.0, 3.0]
