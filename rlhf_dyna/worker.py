@@ -12,7 +12,9 @@ from .launch import init_distributed, record_failure, route_rank_output, shutdow
 from .elastic.join_world import NotAdmitted
 from .launch.fork import exit_now, imports_without_gc
 from .launch.output import ROUTED_ENV, stacks_on_signal
+from .launch.shm import vllm_tp_over_gloo
 from .launch.spawn import JOINER_ENV
+from .elastic.replicas import recovers_from_checkpoint
 from .launch.torchrun_join import announce_job, end_job
 from .train.shm_collectives import use_shm_collectives
 
@@ -22,6 +24,15 @@ def shared_output_dir(out_dir: Path) -> Path:
     holder = [str(out_dir)]
     dist.broadcast_object_list(holder, src=0)
     return Path(holder[0])
+
+
+def use_collectives(cfg: Config) -> None:
+    """This process's CPU collectives: FSDP's through /dev/shm (parallel.shm_collectives); vLLM's TP through gloo
+    where a lost rank is survived (a dead peer breaks gloo's sockets, never vLLM's shm ring: launch/shm.py)."""
+    use_shm_collectives(cfg.parallel.shm_collectives)
+    e = cfg.elastic
+    vllm_tp_over_gloo(cfg.rollout.tp > 1 and bool(e.replicas or recovers_from_checkpoint(e.replicas,
+                                                                                          e.recover_from_checkpoint)))
 
 
 def run_rank(cfg: Config, out_dir: Path, announce_joins: bool = False) -> None:
@@ -34,7 +45,7 @@ def run_rank(cfg: Config, out_dir: Path, announce_joins: bool = False) -> None:
         announce_job(out_dir, out_dir / RESOLVED_CONFIG, dist_info.run_ident)
     with imports_without_gc():
         from .orchestrator.loop import run_training  # after the routing: vLLM's import notices go to the rank's log
-    use_shm_collectives(cfg.parallel.shm_collectives)
+    use_collectives(cfg)
 
     try:
         run_training(cfg, out_dir, dist_info)
@@ -51,7 +62,7 @@ def run_joiner_process(cfg: Config, out_dir: Path, index: int) -> None:
     """Joiner process `index` (elastic.events join@S): it enters the world at its boundary (orchestrator/joiner.py)."""
     with imports_without_gc():
         from .orchestrator.joiner import run_joiner  # as in run_rank: vLLM's import notices go to the process's log
-    use_shm_collectives(cfg.parallel.shm_collectives)
+    use_collectives(cfg)
 
     try:
         run_joiner(cfg, out_dir, index)
@@ -67,7 +78,7 @@ def run_requested_join(cfg: Config, run_dir: Path) -> int:
     the exit code (1 with one paragraph when the job refused this process or ended before admitting it)."""
     with imports_without_gc():
         from .orchestrator.joiner import run_joiner  # as in run_rank: torch, vLLM and the loop on first use
-    use_shm_collectives(cfg.parallel.shm_collectives)
+    use_collectives(cfg)
 
     try:
         run_joiner(cfg, run_dir, None)

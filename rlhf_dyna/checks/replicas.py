@@ -12,29 +12,37 @@ from ..orchestrator.membership import global_batch, membership_worlds
 from ..orchestrator.placements import placement_request, scores_with_reward_model
 from ..elastic.policies import make_placement
 
-RECOVERS = ("recovery from a lost rank runs under placement=colocate or placement=lend (snapshots at the step's end, "
-            "every role at home; a rank lost inside lend's moves too) with a training layout of dp, tp and pp "
-            "(parallel.train cp, ep = 1, zero=3), rollout.tp=1, model.dtype=float32, no parallel.schedule, no "
-            "reward model, launched by python -m rlhf_dyna (not torchrun); elastic.events, elastic.leave_on_sigterm and "
+RECOVERS = ("recovery from a lost rank runs under placement=colocate, placement=lend (snapshots at the step's end, "
+            "every role at home; a rank lost inside lend's moves too) or placement=split without rebalance at "
+            "placement.max_staleness=0 (a training rank's state rebuilt on the training set's survivors, a rollout "
+            "rank's loss one engine fewer) with a training layout of dp, tp and pp "
+            "(parallel.train cp, ep = 1, zero=3), any rollout.tp (vLLM's TP then reduces over gloo, and the survivors "
+            "start new engines where the loss moves the tp or a rank's place in a TP group), model.dtype=float32, no parallel.schedule, a reward "
+            "model (task.reward naming rm) only under colocate without reward_model.offload, no algorithm=reward_model, "
+            "launched by python -m rlhf_dyna (not torchrun); elastic.events, elastic.leave_on_sigterm and "
             "elastic.join requests change the world beside it (a rank lost inside a leave stops the run)")
 
 
 def recovery_problems(cfg: Config, under_torchrun: bool = False) -> list[str]:
     """What of this run recovery from a lost rank cannot handle yet; [] = it can."""
     t, problems = cfg.parallel.train, []
-    if cfg.placement.policy not in ("colocate", "lend") or cfg.placement.rebalance:
+    if cfg.placement.policy not in ("colocate", "lend", "split") or cfg.placement.rebalance:
         problems.append(f"placement={cfg.placement.policy}{' with rebalance' if cfg.placement.rebalance else ''}")
+    if cfg.placement.policy == "split" and cfg.placement.max_staleness:  # a snapshot keeps no samples generated ahead
+        problems.append(f"placement=split with placement.max_staleness={cfg.placement.max_staleness}")
     problems += [f"parallel.train.{name}={getattr(t, name)}" for name in ("cp", "ep") if getattr(t, name) != 1]
     if t.zero != 3:  # a snapshot reads the shards; ZeRO-1/2's gathered replicas would have to be rebuilt after it
         problems.append(f"parallel.train.zero={t.zero}")
-    if cfg.rollout.tp != 1:
-        problems.append(f"rollout.tp={cfg.rollout.tp}")
     if cfg.model.dtype != "float32":
         problems.append(f"model.dtype={cfg.model.dtype}")
     if cfg.parallel.schedule:
         problems.append("parallel.schedule")
-    if scores_with_reward_model(cfg) or cfg.algorithm.name == "reward_model":
-        problems.append("a reward model")
+    if scores_with_reward_model(cfg) and cfg.placement.policy != "colocate":
+        problems.append(f"a reward model (task.reward naming rm) under placement={cfg.placement.policy}")
+    if scores_with_reward_model(cfg) and cfg.reward_model.offload:  # its shards wait in host memory between steps
+        problems.append("reward_model.offload=true")
+    if cfg.algorithm.name == "reward_model":
+        problems.append("algorithm=reward_model")
     if under_torchrun:
         problems.append("torchrun")
     return problems

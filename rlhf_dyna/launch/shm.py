@@ -1,4 +1,5 @@
-"""vLLM's CPU shared-memory segments in /dev/shm: named after the run, and removed when it ends."""
+"""vLLM's CPU shared-memory segments in /dev/shm: named after the run, removed when it ends, and not used for TP where
+a run must survive a lost rank (vllm_tp_over_gloo)."""
 from __future__ import annotations
 
 import importlib.abc
@@ -39,9 +40,38 @@ def clean_shm_segments(run_ident: str, extra: list[Path] | tuple[Path, ...] = ()
 
 
 _pinned_ident = ""  # read by the patched make_group_name at call time, so re-pinning needs no re-patching
+_tp_over_gloo = False  # read by the patched shm check at call time (vllm_tp_over_gloo)
+
+
+def vllm_tp_over_gloo(enabled: bool) -> None:
+    """`enabled`: vLLM's CPU TP (and PP) groups reduce through torch.distributed (gloo) instead of its shared-memory
+    ring, which spins on a dead peer's stamps in memory with no timeout and no abort, where the loss watchdog's socket
+    shutdown (launch/sockets.py) cannot reach it; runs that survive a lost rank with rollout.tp > 1 take gloo."""
+    global _tp_over_gloo
+    _tp_over_gloo = enabled
+
+
+def _shm_unless_gloo(module: ModuleType) -> None:
+    """vLLM takes its shm ring only where every rank of the group names one segment group; under vllm_tp_over_gloo
+    none does, so it logs "CPU SHM communicator disabled" and falls back to torch.distributed (every rank alike)."""
+    comm = getattr(module, "CpuCommunicator", None)
+    if comm is None or getattr(comm._all_group_ranks_share_shm_group_name, "pinned_by_rlhf_dyna", False):
+        return
+    shared = comm._all_group_ranks_share_shm_group_name
+
+    def shared_unless_gloo(self: object) -> bool:
+        if not _tp_over_gloo:
+            return shared(self)
+        print(f"rlhf_dyna: vLLM's {getattr(self, 'unique_name', '?')} group reduces over gloo, not its shm ring (a lost "
+              "peer must not hang the survivors)", flush=True)
+        return False
+
+    shared_unless_gloo.pinned_by_rlhf_dyna = True  # type: ignore[attr-defined]
+    comm._all_group_ranks_share_shm_group_name = shared_unless_gloo
 
 
 def _pin_module(module: ModuleType) -> None:
+    _shm_unless_gloo(module)
     shm_dist = getattr(module, "_CPUSHMDistributed", None)
     if shm_dist is None or getattr(shm_dist.make_group_name, "pinned_by_rlhf_dyna", False):
         return

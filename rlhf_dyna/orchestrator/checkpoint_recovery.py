@@ -40,6 +40,8 @@ def load_in_place(run: Run, runtime, layout: ParallelLayout, placement, path: Pa
         if old is not None:
             engines[role] = empty_engine_like(old, layout, mesh, meta_skeleton(old.model))
             setattr(runtime, role, None)  # the old world's engine: its state is rebuilt
+    if runtime.scorer is not None:  # frozen, in no checkpoint: loaded from its files as at the start
+        runtime.scorer.rebuild(placement)
     reform_rollout()
     runtime.enter_world(layout, engines, placement)
     state = runtime.restore(path)  # as trainer.resume: engines, this rank's RNGs, the task's position

@@ -76,6 +76,8 @@ def run_steps(run: Run, runtime: Runtime, set_up: Callable[[], None]) -> None:
             while step <= cfg.trainer.total_steps:
                 try:
                     step_and_log(run, runtime, step, recovery)
+                except LeftWorld:
+                    raise  # this rank has left: a loss announced later is the survivors' to recover, not its own
                 except Exception as err:
                     if recovery is None:
                         raise
@@ -117,6 +119,7 @@ def rl_step(run: Run, runtime: Runtime, step: int, recovery: Recovery | None = N
     if recovery is not None:  # a change of world: the snapshot ring over the new one, its members published
         metrics.update(recovery.after_change(run, runtime, step - 1))
     t0, started = time.perf_counter(), time.time()
+    kill_point(f"generate/step_{step}", run.dist_info.rank, run.dist_info.run_ident)  # tests: a TP peer waits on it
     samples, gen_seconds = runtime.generate(step)  # generated and scored on the rollout ranks, gathered everywhere
     scored = runtime.score(step, samples)  # the reward model's scores join the rewards (none without one)
     if run.tracker is not None and run.cfg.tracking.sample_log > 0:

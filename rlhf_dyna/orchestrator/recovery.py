@@ -1,6 +1,8 @@
-"""Surviving a lost rank (elastic.replicas=1 or elastic.recover_from_checkpoint, placement=colocate or lend;
+"""Surviving a lost rank (elastic.replicas=1 or elastic.recover_from_checkpoint, placement=colocate, lend or split;
 docs/elastic.md, "Replicas and recovery"; under lend the snapshot is of the step's end, every role at home, and the
-new world's lend sets come with its placement, Runtime.enter_world).
+new world's lend sets come with its placement, Runtime.enter_world; under split each set shrinks to its survivors,
+and a rollout rank, which holds no role, takes part in the ring with each role's shell; a frozen reward model gets no
+replica: it is loaded again from its files).
 
 Every `elastic.snapshot_every` steps, at the step's end, each rank copies its shard of every training role's state
 (fp32 parameters and AdamW moments of the actor and critic, the reference's parameters) to host memory and sends it
@@ -32,12 +34,9 @@ inside its join goes back to the snapshot's world (orchestrator/snapshot_world.p
 """
 from __future__ import annotations
 
-import copy
 import os
-import random
 import threading
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -46,61 +45,34 @@ from ..config import Config
 from ..elastic.join_world import job_client_store
 from ..elastic.faults import kill_point
 from ..elastic.membership import WorldChange, world_after
-from ..elastic.placement import Placement
+from ..elastic.placement import REWARD_MODEL, Placement
 from ..elastic.policies import make_placement
 from ..elastic.replicas import Served, holder_of, recovers_from_checkpoint
 from ..elastic.world_switch import enter_new_world
 from ..launch.lost_ranks import recovered_key
 from ..launch.scratch import process_scratch
 from ..launch.world_record import publish_world
-from ..rollout.reform import reform, release_groups
+from ..rollout.reform import release_groups
 from ..train.mesh import build_mesh
 from ..transition.relayout import empty_engine_like, meta_skeleton
 from ..transition.replica_state import (RoleSnapshot, held_bytes, memory_metrics, remove_own_files, restore_role,
-                                        send_replica, spill_own, take_snapshot)
+                                        send_replica, shell_of, spill_own, take_snapshot)
 from .checkpoint_recovery import load_in_place, newest_complete
+from .leave import trained_layout
 from .loss_watchdog import Watchdog
 from .membership import global_batch
 from .placements import placement_request
 from .run import Run
-from .snapshot_world import EngineTemplate, SnapshotWorld, joiner_gone, only_joiners_lost, snapshot_world_again
+from .snapshot_world import (WORLDS, EngineTemplate, LoopState, SnapshotWorld, joiner_gone, only_joiners_lost,
+                             snapshot_world_again)
 
 ROLES = ("actor", "critic", "reference")
 ANNOUNCED_WITHIN_S = 30.0  # an error with no lost rank announced by then was not a lost rank's: it is re-raised
-WORLDS = 1_000_000  # LoopState.key: the snapshot's step, then the world it was taken in (a change's snapshot: same step)
 SOURCES = {"replicas": 1.0, "checkpoint": 2.0}  # elastic/recovery/source: where the lost state came from
 
 
 class RecoveryImpossible(RuntimeError):
     """The survivors cannot rebuild the lost state: the message names what was lost."""
-
-
-@dataclass
-class LoopState:
-    """What a survivor rolls back to besides the engines: the loop's state after `step`."""
-
-    step: int
-    rng: random.Random
-    python_rng: object
-    torch_rng: torch.Tensor
-    task_state: dict
-    kl_ctl: object
-    world: int  # the world whose ring holds this snapshot's replicas
-    where: SnapshotWorld | None = None  # that world's placement and layout
-    key: int = 0  # the newest is the largest: step, then the world (worlds entered since launch)
-
-    @classmethod
-    def of(cls, run: Run, step: int, where: SnapshotWorld | None = None, worlds: int = 0) -> LoopState:
-        return cls(step, copy.deepcopy(run.rng), random.getstate(), torch.get_rng_state(),
-                   copy.deepcopy(getattr(run.task, "state_dict", dict)()), copy.deepcopy(run.kl_ctl),
-                   dist.get_world_size(), where, step * WORLDS + worlds)
-
-    def restore(self, run: Run) -> None:
-        run.rng, run.kl_ctl = copy.deepcopy(self.rng), copy.deepcopy(self.kl_ctl)
-        random.setstate(self.python_rng)
-        torch.set_rng_state(self.torch_rng)
-        if self.task_state:
-            run.task.load_state_dict(copy.deepcopy(self.task_state))
 
 
 class Recovery:
@@ -159,6 +131,9 @@ class Recovery:
         start = time.perf_counter()
         engines = {role: getattr(runtime, role) for role in ROLES if getattr(runtime, role) is not None}
         roles = {role: take_snapshot(engine) for role, engine in engines.items()}
+        if self.cfg.placement.policy == "split":  # a rollout rank holds no role, but may hold (and serve) a replica
+            shells = runtime.from_actor({role: shell_of(snap) for role, snap in roles.items()})
+            roles = roles or shells
         self.templates = {role: EngineTemplate.of(e, self.templates.get(role)) for role, e in engines.items()}
         membership = getattr(runtime, "membership", None)
         loop = LoopState.of(run, step, SnapshotWorld(getattr(membership, "placement", self.placement), runtime.layout),
@@ -249,7 +224,8 @@ class Recovery:
             raise
         except Exception:  # noqa: BLE001 - the lost rank's error: the snapshot it sent is not committed
             pass
-        runtime.rollout.drop_requests()
+        if runtime.rollout is not None:  # split's training ranks have none
+            runtime.rollout.drop_requests()
         backend = dist.get_backend() if dist.is_initialized() else "gloo"
         release_groups()  # vLLM's groups and the old default group; the engines stay
         survivors = [r for r in range(old_world) if r not in lost]
@@ -270,10 +246,10 @@ class Recovery:
         else:  # the placement of the joins, where the run admits them
             new = world_after(getattr(membership, "placement", self.placement), self.preferred, self.cfg.rollout.tp,
                               self.batch, WorldChange(old_world, lost))
-        layout = new.layout.fill(size)
+        layout = trained_layout(new)  # over the new world, or split's training set in it
 
-        def reform_rollout() -> None:  # the same engine, one replica fewer per lost rank
-            reform(runtime.rollout, new_rank, size)
+        def reform_rollout() -> None:  # colocate's engines one replica fewer per lost rank; split's stay outside
+            runtime.reform_rollout(WorldChange(old_world, lost), runtime.rollout_layout.tp, new.rollout_tp)
 
         entered = time.perf_counter()
         if source == "checkpoint":
@@ -340,22 +316,31 @@ class Recovery:
         runtime.enter_world(layout, engines, new.placement)
         runtime.sync_weights()
         self.loop.restore(run)
-        whence = (f"rebuilt its state from the replicas on rank {', '.join(str(holder_of(r, served.world_size)) for r in served.lost)} and the survivors' own shards "
-                  f"({moved / 2**20:,.2f} MiB moved)" if served.lost else joiner_gone(served.world_size))
+        held = [r for r in served.lost if r in self.loop.where.layout.ranks]  # split: a rollout rank holds none
+        whence = (f"rebuilt its state from the replicas on rank {', '.join(str(holder_of(r, served.world_size)) for r in held)} and the survivors' own shards "
+                  f"({moved / 2**20:,.2f} MiB moved)" if held else "it held no training state (split's rollout set: "
+                  "one engine fewer)" if served.lost else joiner_gone(served.world_size))
+        if runtime.scorer is not None:
+            whence += f", the reward model loaded again from {self.cfg.reward_model.path}"
         return self.loop.step, moved, whence, restored
 
     def restore_replicas(self, runtime, new, layout, served: Served) -> tuple[dict, int]:
         """Collective over the new world: each role's state rebuilt into empty engines on `layout` from the
         survivors' own snapshot copies and the lost ranks' replicas; the engines and the bytes moved between ranks."""
         mesh, engines, moved = build_mesh(layout), {}, 0
+        holds = dist.get_rank() in layout.ranks  # not on split's rollout ranks
         for move in new.moves:
-            old = getattr(runtime, move.role)  # None inside a join: the move had taken it
-            engines[move.role] = (empty_engine_like(old, layout, mesh, meta_skeleton(old.model)) if old is not None
-                                  else self.templates[move.role].empty(layout, mesh))
-            done = restore_role(self.roles[move.role], engines[move.role], move.dst, served,
+            if move.role == REWARD_MODEL:  # frozen: loaded again from its files (reward_model_again), no replica
+                continue
+            old = getattr(runtime, move.role)  # None inside a join (the move had taken it) and off split's training set
+            if holds:
+                engines[move.role] = (empty_engine_like(old, layout, mesh, meta_skeleton(old.model)) if old is not None
+                                      else self.templates[move.role].empty(layout, mesh))
+            done = restore_role(self.roles[move.role], engines.get(move.role), move.dst, served,
                                 recorder=runtime.recorder)
             moved += done.bytes_moved
             setattr(runtime, move.role, None)  # the old world's engine: its state is rebuilt
+        reward_model_again(runtime, new.placement)
         return engines, moved
 
     def agree_on_snapshot(self) -> None:
@@ -378,6 +363,13 @@ class Recovery:
         if not failed:
             self.finish_sending()
         remove_own_files(self.files)
+
+
+def reward_model_again(runtime, placement: Placement) -> None:
+    """Collective over the new world: the frozen reward model (where task.reward names rm) loaded from its files on
+    `placement`'s set, as the run built it at the start: its shards need no snapshot and no replica."""
+    if runtime.scorer is not None:
+        runtime.scorer.rebuild(placement)
 
 
 def trace_phases(recorder, step: int, died_at: float, caught: float, started: float, marks: tuple) -> None:

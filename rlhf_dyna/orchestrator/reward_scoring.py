@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..config import Config
-from ..elastic.placement import PREPARE, REWARD_MODEL, Change, changes
+from ..elastic.placement import PREPARE, REWARD_MODEL, Change, Placement, changes
 from ..parallel_layout import ParallelLayout
 from ..tasks.hf_tokenizer import HFTokenizer
 from ..tasks.reward_text import reward_ids
@@ -68,13 +68,8 @@ class RewardScorer:
     def __init__(self, cfg: Config, rewards: RewardSet, policy_tokenizer, build: bool = True) -> None:
         """`build`: the engine built on its set (collective); False: none yet (a joining rank: it comes by plan)."""
         placement = placement_of(cfg)
-        self.engine: TrainEngine | None = None
-        if build:
-            ranks = placement.slot(PREPARE, REWARD_MODEL).ranks
-            tp = cfg.parallel.train.tp
-            layout = ParallelLayout(ranks.size // tp, tp, zero=3, first_rank=ranks.first)
-            mesh = build_mesh(layout)  # collective: every rank takes part in creating the set's groups
-            self.engine = build_reward_engine(cfg, mesh) if dist.get_rank() in layout.ranks else None
+        self.cfg = cfg
+        self.engine: TrainEngine | None = reward_engine_on(cfg, placement) if build else None
         self.tokenizer = HFTokenizer(cfg.reward_model.path)
         self.policy_tokenizer = policy_tokenizer
         self.rewards = rewards
@@ -84,6 +79,13 @@ class RewardScorer:
         self.host = HostCopy(self.engine) if self.engine is not None and self.park is not None else None
         if self.host is not None:
             self.host.park()  # it waits in host memory until the first phase it scores in (no collective here)
+
+    def rebuild(self, placement: Placement) -> TrainEngine | None:
+        """Collective over a new world (a lost rank's recovery): the frozen reward model built again from its files on
+        `placement`'s set, as at the start; nothing of it needs a replica. This rank's engine (None off the set)."""
+        self.engine = None  # the old world's shards, freed before the new ones load
+        self.engine = reward_engine_on(self.cfg, placement)
+        return self.engine
 
     @property
     def pad_id(self) -> int | None:
@@ -121,6 +123,16 @@ class RewardScorer:
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         dist.all_reduce(moved)
         return {f"{change.name}/seconds": float(seconds), f"{change.name}/bytes_moved": float(moved)}
+
+
+def reward_engine_on(cfg: Config, placement: Placement) -> TrainEngine | None:
+    """Collective: the reward model loaded per shard from reward_model.path on `placement`'s reward-model set (dp x tp
+    with the training tp, ZeRO-3); None on a rank off the set."""
+    ranks = placement.slot(PREPARE, REWARD_MODEL).ranks
+    tp = cfg.parallel.train.tp
+    layout = ParallelLayout(ranks.size // tp, tp, zero=3, first_rank=ranks.first)
+    mesh = build_mesh(layout)  # collective: every rank takes part in creating the set's groups
+    return build_reward_engine(cfg, mesh) if dist.get_rank() in layout.ranks else None
 
 
 def make_scorer(cfg: Config, task, policy_tokenizer, build: bool = True) -> RewardScorer | None:

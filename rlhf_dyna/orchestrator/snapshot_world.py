@@ -6,12 +6,15 @@ snapshot is of the world before the join. Where the only ranks lost are such joi
 during that first step), the survivors are exactly that world's ranks, each with its own shards: they go back to it
 whole, with nothing to serve from a replica. Inside the join a survivor's engines may already be given up to the move
 (`runtime.<role>` None): the engine's settings, optimizer groups, buffers and architecture, kept at each snapshot,
-rebuild them empty."""
+rebuild them empty. The loop's state of the snapshot's step (LoopState) is kept beside it too."""
 from __future__ import annotations
 
 import copy
+import random
 from dataclasses import dataclass
 
+import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.nn import Module
 
@@ -19,6 +22,9 @@ from ..elastic.membership import NewWorld, RoleMove, WorldChange
 from ..elastic.placement import Placement
 from ..parallel_layout import ParallelLayout
 from ..transition.relayout import empty_engine, meta_skeleton, optimizer_groups, settings_of
+from .run import Run
+
+WORLDS = 1_000_000  # LoopState.key: the snapshot's step, then the world it was taken in (a change's snapshot: same step)
 
 
 @dataclass
@@ -63,3 +69,31 @@ def snapshot_world_again(change: WorldChange, world: SnapshotWorld, snapshots: d
 def joiner_gone(world: int) -> str:
     """The recovery's line where only joiners were lost."""
     return f"it joined after the newest snapshot: the {world}-rank world of that snapshot again, from the survivors' own shards"
+
+
+@dataclass
+class LoopState:
+    """What a survivor rolls back to besides the engines: the loop's state after `step`."""
+
+    step: int
+    rng: random.Random
+    python_rng: object
+    torch_rng: torch.Tensor
+    task_state: dict
+    kl_ctl: object
+    world: int  # the world whose ring holds this snapshot's replicas
+    where: SnapshotWorld | None = None  # that world's placement and layout
+    key: int = 0  # the newest is the largest: step, then the world (worlds entered since launch)
+
+    @classmethod
+    def of(cls, run: Run, step: int, where: SnapshotWorld | None = None, worlds: int = 0) -> LoopState:
+        return cls(step, copy.deepcopy(run.rng), random.getstate(), torch.get_rng_state(),
+                   copy.deepcopy(getattr(run.task, "state_dict", dict)()), copy.deepcopy(run.kl_ctl),
+                   dist.get_world_size(), where, step * WORLDS + worlds)
+
+    def restore(self, run: Run) -> None:
+        run.rng, run.kl_ctl = copy.deepcopy(self.rng), copy.deepcopy(self.kl_ctl)
+        random.setstate(self.python_rng)
+        torch.set_rng_state(self.torch_rng)
+        if self.task_state:
+            run.task.load_state_dict(copy.deepcopy(self.task_state))

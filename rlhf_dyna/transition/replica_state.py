@@ -97,12 +97,18 @@ class Restored:
     local_bytes: int  # copied on this rank: its own pieces, and the replica it held of a lost rank
 
 
-def restore_role(snap: RoleSnapshot, destination: TrainEngine, dst_spec: ParallelSpec, served: Served,
+def shell_of(snap: RoleSnapshot) -> RoleSnapshot:
+    """`snap` without shards: what a rank that holds none of the role (split's rollout ranks) takes part in the ring
+    and the restore with (the next rank's replica may be its to hold, and to serve)."""
+    return RoleSnapshot(snap.spec, snap.world_size, snap.kinds, snap.adam_step, snap.catalog, {})
+
+
+def restore_role(snap: RoleSnapshot, destination: TrainEngine | None, dst_spec: ParallelSpec, served: Served,
                  budget_bytes: int = DEFAULT_BUDGET_BYTES, recorder: TraceRecorder | None = None) -> Restored:
     """Collective over the new world: `destination` (an empty engine on the new world's mesh, this rank's new number
     in `served`) filled with the snapshot's state, the survivors' own pieces and the lost ranks' replicas, by the leave's
     plan with the lost ranks' sends served by their holders. `dst_spec`: the new layout in the old world's numbering
-    (on the survivors)."""
+    (on the survivors). `destination` None: this rank holds none of the role in the new world (it may serve)."""
     start, new = time.perf_counter(), dist.get_rank()
     src_layout = build_layout(snap.catalog, snap.spec, snap.kinds)
     dst_layout = build_layout(snap.catalog, dst_spec, snap.kinds)
@@ -110,15 +116,18 @@ def restore_role(snap: RoleSnapshot, destination: TrainEngine, dst_spec: Paralle
     plan = served_rank_plan(schedule, served, new)
     prepared = prepare(plan)
     plain = placed_on(dst_spec, [served.survivors.index(r) for r in dst_spec.ranks])  # the same spec over 0..n-1
-    prepare_optimizer(destination, snap.adam_step)
-    names = {k.value for k in snap.kinds}
-    state = {k: t for k, t in bind_train_state(destination).items() if k[1] in names}
-    dst = bind_train_buffers(state, build_layout(snap.catalog, plain, snap.kinds), new)
+    dst = {}
+    if destination is not None:
+        prepare_optimizer(destination, snap.adam_step)
+        names = {k.value for k in snap.kinds}
+        state = {k: t for k, t in bind_train_state(destination).items() if k[1] in names}
+        dst = bind_train_buffers(state, build_layout(snap.catalog, plain, snap.kinds), new)
     src = {**snap.own_state(), **{REPLICA + n: t for n, t in snap.replica.items()}}
     execute(prepared, src, dst, trace=recorder, trace_name="elastic/recovery/rounds")
-    refresh_fsdp_shards(destination.model)
-    if destination.zero < 3:
-        destination.materialize_replicas()
+    if destination is not None:
+        refresh_fsdp_shards(destination.model)
+        if destination.zero < 3:
+            destination.materialize_replicas()
     moved = torch.tensor([sum(s.nbytes for s in plan.sends.values())], dtype=torch.float64)
     dist.all_reduce(moved)
     local = sum(t.nbytes for t in plan.copies)

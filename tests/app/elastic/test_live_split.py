@@ -13,6 +13,14 @@ Each run ends with exit code 0, leaves no process and no weight file behind, log
 the same per-step losses, grad norms, rewards and eval as a run whose world never changed (relative 1e-5): at
 max_staleness=0 the session's colocate run (split logs colocate's: test_split.py), at 1 the split run without events.
 The bytes each change moved equal the dry run's planned minimum of the same command.
+
+With elastic.replicas=1 (max_staleness=0; the ring over the world, so rollout rank 0 holds the replica of training rank
+3's shards) a rank killed (`kill -9`, elastic/faults.kill_point) in step 3 is survived: training rank 3 just before the
+weight sync, where the rollout ranks wait for it (its shares of the actor and the reference rebuilt on the training
+set's survivor, rank 2, from rank 0's replica: a rollout rank serves it), or rollout rank 1 just before the
+generation (nothing rebuilt but the set: rank 0's engine generates alone). Exit code 0, no process and no weight
+file left, each step once, and steps 3-4 equal the run's step-2 checkpoint resumed by `trainer.resume` on 3 ranks
+split as the survivors are (rollout 2 + training 1, or 1 + 2).
 """
 from __future__ import annotations
 
@@ -21,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.app.app_runs import run_cli
+from tests.app.app_runs import read_metrics, run_cli
+from tests.app.elastic.live_runs import run_with_kill_point
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, SYNC, assert_same_metrics, kill_marked, run, weight_files
 
@@ -105,3 +114,38 @@ def test_a_rollout_rank_leaves_with_its_engine_and_the_joiner_trains(tmp_path: P
     assert rows[4]["elastic/join/bytes_moved"] == join["bytes_min"] == join["bytes_moved"] > 0
     assert "training layout dp3xtp1-zero3" in (tmp_path / "rollout" / "logs" / "rank0.log").read_text()
     assert "rank 1 left the job after sending its state" in (tmp_path / "rollout" / "logs" / "rank1.log").read_text()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("lost,point,rollout_after", [(3, "weight_sync", 2), (1, "generate", 1)],
+                         ids=["training_rank", "rollout_rank"])
+def test_a_rank_lost_under_split_is_survived_from_the_replicas(tmp_path: Path, lost: int, point: str,
+                                                                rollout_after: int) -> None:
+    kill_in, run_dir, before = 3, tmp_path / "killed", weight_files()
+    code, out, err, _ = run_with_kill_point(run_dir, *ARGS, "elastic.replicas=1", "elastic.snapshot_every=1",
+                                            f"trainer.save_every={kill_in - 1}", "trainer.keep_checkpoints=0",
+                                            kill_at=f"{point}/step_{kill_in}@{lost}", limit=400)
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert not marked_processes(str(run_dir)), "engine or rank processes outlived the run"
+    assert weight_files() - before == set(), "the run left weight files in /dev/shm"
+    assert f"rank {lost} of 4 lost" in err
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(STEPS + 1))  # each step once: step 3 redone on 3 ranks
+    assert [r["elastic/world_size"] for r in rows[1:]] == [4.0] * (kill_in - 1) + [3.0] * (STEPS - kill_in + 1)
+    recovered = rows[kill_in]
+    assert recovered["elastic/recovery/source"] == 1.0 and recovered["elastic/recovery/steps_lost"] == 1.0
+    assert (recovered["elastic/recovery/bytes_moved"] > 0) == (lost == 3)  # a rollout rank's loss moves nothing
+    assert all(r[f"{SYNC}/bytes_moved"] > 0 for r in rows[1:]), "a step did not sync the rollout set"
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    rebuilt = "rebuilt its state from the replicas on rank 0 " if lost == 3 else "it held no training state"
+    assert f"rolled back to step {kill_in - 1}" in log and rebuilt in log, log[-3000:]
+
+    reference_dir = tmp_path / "resumed"
+    try:
+        resumed = run(reference_dir, *[a for a in ARGS if not a.startswith("parallel.world_size=")],
+                      "parallel.world_size=3", f"placement.rollout_ranks={rollout_after}",
+                      f"trainer.resume={run_dir / 'checkpoints' / f'step_{kill_in - 1}'}")
+    finally:
+        kill_marked(reference_dir)
+    assert any(abs(r["actor/pg_loss"]) > 1e-3 for r in resumed), "no learning signal: equality is vacuous"
+    assert_same_metrics(resumed, rows[kill_in:])

@@ -20,7 +20,12 @@ rank 1 opens the run's sinks as rank 0 of the new world, metrics.jsonl holds eac
 steps the run rolls back to step 4, and the step-5 row the lost rank 0 wrote goes), the console follows the new rank 0,
 and the steps from the recovery on equal `trainer.resume` on 3 ranks. Two adjacent ranks killed at once (rank 2 held
 rank 1's replica) without a checkpoint stop the run cleanly within a time limit, naming the ranks and what was lost,
-with no process left."""
+with no process left.
+With rollout.tp=2 (vLLM's TP groups [0, 1] and [2, 3], reducing over gloo in such a run: launch/shm.vllm_tp_over_gloo)
+rank 2 kills itself just before step 3's generation (elastic/faults.kill_point `generate/step_3`), so rank 3 waits for
+it in a TP collective of the forward pass (without the gloo path it spins there for ever, in vLLM's shm all-gather):
+the watchdog's socket shutdown gets rank 3 out, the 3 survivors start new engines of tp 1 (3 ranks take no tp 2),
+and steps 3-4 equal the step-2 checkpoint resumed on 3 ranks at rollout.tp=1."""
 from __future__ import annotations
 
 import json
@@ -38,7 +43,7 @@ from rlhf_dyna.launch.shm import SHM_DIR
 from rlhf_dyna.launch.spawn import mapped_shm
 from rlhf_dyna.orchestrator.checkpoint_dirs import scan
 from tests.app.app_runs import AppProcess, read_metrics
-from tests.app.elastic.live_runs import signal_rank, start, wait_for
+from tests.app.elastic.live_runs import run_with_kill_point, signal_rank, start, wait_for
 from tests.app.elastic.rank_logs import announced_pid
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
@@ -302,3 +307,28 @@ def test_a_rank_killed_while_a_checkpoint_is_written_leaves_the_previous_one_usa
     steps = [step for step, _ in complete]
     assert {2, 6, 8} <= set(steps), steps
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(STEPS + 1))
+
+
+@pytest.mark.timeout(600)
+def test_a_rank_lost_with_rollout_tp_2_is_survived_over_gloo(tmp_path: Path) -> None:
+    steps, kill_in, run_dir = 4, 3, tmp_path / "tp2"
+    args = [a for a in ARGS if not a.startswith("trainer.total_steps")] + [f"trainer.total_steps={steps}"]
+    code, out, err, _ = run_with_kill_point(run_dir, *args, "rollout.tp=2", *REPLICAS[:2],
+                                            f"trainer.save_every={kill_in - 1}", "trainer.keep_checkpoints=0",
+                                            kill_at=f"generate/step_{kill_in}@2", limit=400)
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert not marked_processes(str(run_dir)) and "rank 2 of 4 lost" in err
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(steps + 1))
+    assert [r["elastic/world_size"] for r in rows[1:]] == [4.0, 4.0, 3.0, 3.0]
+    assert rows[kill_in]["elastic/recovery/source"] == 1.0 and rows[kill_in]["elastic/recovery/steps_lost"] == 1.0
+    log = (run_dir / "logs" / "rank3.log").read_text()
+    assert "rlhf_dyna: vLLM's tp:0 group reduces over gloo, not its shm ring" in log, log[-3000:]
+
+    reference_dir = tmp_path / "resumed"
+    try:
+        resumed = run(reference_dir, *[a for a in args if not a.startswith("parallel.world_size=")],
+                      "parallel.world_size=3", f"trainer.resume={run_dir / 'checkpoints' / f'step_{kill_in - 1}'}")
+    finally:
+        kill_marked(reference_dir)
+    assert_same_metrics(resumed, rows[kill_in:])

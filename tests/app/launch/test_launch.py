@@ -176,6 +176,25 @@ def test_pinned_ident_names_vllms_cpu_segments() -> None:
     assert out.stdout.strip().splitlines()[-2:] == [f"{second}-tp:0-[0-1]-cpushm", f"{third}-tp:0-[0-1]-cpushm"]
 
 
+@pytest.mark.timeout(60)
+def test_vllms_tp_reduces_over_gloo_where_a_lost_rank_is_survived() -> None:
+    """vllm_tp_over_gloo(True): no group takes vLLM's shm ring (its spin on a dead peer has no way out), every rank
+    alike, without the check's collective; False: vLLM's own check decides."""
+    code = (
+        "import types; from rlhf_dyna.launch import pin_vllm_shm_ident\n"
+        "from rlhf_dyna.launch.shm import vllm_tp_over_gloo\n"
+        "pin_vllm_shm_ident('probe'); vllm_tp_over_gloo(True)\n"
+        "from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator\n"
+        "print(CpuCommunicator._all_group_ranks_share_shm_group_name(types.SimpleNamespace()))\n"
+        "vllm_tp_over_gloo(False)\n"
+        "try:\n    CpuCommunicator._all_group_ranks_share_shm_group_name(types.SimpleNamespace())\n"
+        "except AttributeError:\n    print('vllm decides')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-2:] == ["False", "vllm decides"], out.stdout
+
+
 @pytest.mark.timeout(90)
 def test_two_node_rendezvous_on_loopback(tmp_path: Path) -> None:
     port = free_port()

@@ -24,10 +24,29 @@ def config(**changes) -> Config:
 def test_a_colocated_dp_or_tp_run_may_keep_replicas():
     check_replicas(config())
     check_replicas(config(parallel__world_size=2, task__prompts_per_step=2))
+    check_replicas(config(rollout__tp=2))  # vLLM's TP over gloo: a dead peer breaks it (launch/shm.vllm_tp_over_gloo)
     check_replicas(config(elastic__replicas=0, parallel__world_size=1))  # off: nothing to check
     assert join_refusal(config()) is None  # auto accept_joins resolves to true: a lost rank may come back by a join
     check_replicas(config(elastic__accept_joins=True))
     check_replicas(config(elastic__events=["leave:3@2", "join@4"], elastic__leave_on_sigterm=True))  # issue 27 + 28
+
+
+def test_a_split_run_at_max_staleness_0_may_keep_replicas():
+    """Each set shrinks to its survivors: a world whose rollout or training set is one rank cannot lose it."""
+    check_replicas(config(placement__policy="split"))
+    with pytest.raises(ConfigError, match=r"the survivors of a lost rank could not go on: rank 0 leaves \(3 -> 2 "):
+        check_replicas(config(placement__policy="split", parallel__world_size=3, placement__rollout_ranks=1))
+
+
+def test_a_colocated_run_with_a_reward_model_may_keep_replicas():
+    """The frozen reward model needs no replica: the survivors load it again from its files."""
+    check_replicas(config(task__name="file", task__reward=["rm", "exact"]))
+    for changes, named in [(dict(placement__policy="lend", algorithm__name="ppo"),
+                            "a reward model (task.reward naming rm) under placement=lend"),
+                           (dict(reward_model__offload=True), "reward_model.offload=true")]:
+        with pytest.raises(ConfigError) as err:
+            check_replicas(config(task__name="file", task__reward=["rm", "exact"], **changes))
+        assert named in str(err.value) and RECOVERS in str(err.value)
 
 
 def test_a_lend_run_may_keep_replicas_where_the_survivors_hold_both_sets():
@@ -45,8 +64,9 @@ def test_a_lend_run_may_keep_replicas_where_the_survivors_hold_both_sets():
     (dict(elastic__replicas=-1), "elastic.replicas=-1: it is 0"),
     (dict(elastic__snapshot_every=0), "elastic.snapshot_every=0: the replicas are refreshed every K steps"),
     (dict(parallel__world_size=1), "elastic.replicas=1 with parallel.world_size=1: a replica lives on another rank"),
-    (dict(placement__policy="split"), "this run could not recover from a lost rank yet: placement=split"),
-    (dict(rollout__tp=2), "rollout.tp=2"),
+    (dict(placement__policy="split", placement__max_staleness=1),
+     "this run could not recover from a lost rank yet: placement=split with placement.max_staleness=1"),
+    (dict(placement__policy="split", placement__rebalance=True), "placement=split with rebalance"),
     (dict(model__dtype="bfloat16"), "model.dtype=bfloat16"),
     # a loss in a world the events reach: 5 -> 4 ranks splits 32 rows, the 3 survivors of a loss after the leave don't
     (dict(elastic__events=["leave:1@2"], task__prompts_per_step=8, parallel__world_size=5),
@@ -60,7 +80,7 @@ def test_what_recovery_cannot_take_is_refused_naming_the_value(changes, named):
     with pytest.raises(ConfigError) as err:
         check_replicas(config(**changes))
     assert named in str(err.value)
-    if "could not recover" in named or "rollout.tp" in named:
+    if "could not recover" in named:
         assert RECOVERS in str(err.value)
 
 
@@ -77,8 +97,8 @@ def test_checkpoint_recovery_without_replicas_is_checked_like_replicas():
     check_replicas(config(trainer__save_every=0))  # null beside replicas: the fallback finds no checkpoint, stops
     for changes, named in [
         (dict(trainer__save_every=0), "elastic.recover_from_checkpoint=true with trainer.save_every=0: the survivors"),
-        (dict(placement__policy="split"), "elastic.recover_from_checkpoint=true: this run could not recover from a "
-                                          "lost rank yet: placement=split"),
+        (dict(placement__policy="split", placement__rebalance=True), "elastic.recover_from_checkpoint=true: this "
+                                          "run could not recover from a lost rank yet: placement=split with rebalance"),
         (dict(parallel__world_size=1), "elastic.recover_from_checkpoint=true with parallel.world_size=1: a world of "
                                        "one has no survivors"),
     ]:
