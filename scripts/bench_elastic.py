@@ -34,7 +34,9 @@ With `--part recovery` (elastic.replicas=1, docs/elastic.md "Replicas and recove
 - the snapshots' cost: grpo_tiny and ppo_tiny, 12 steps each with elastic.replicas=1 and =0: the mean step time
   (`timing_s/step`, steps 2-12) of each; the snapshot's part on the loop's path after the step (the copy to host
   memory and the wait for the previous send: `elastic/snapshot/{copy,wait}_seconds`) and its send, which runs beside
-  the next step (`elastic/snapshot/seconds`), over the mean step without replicas.
+  the next step (`elastic/snapshot/seconds`, the own copy's write to node-local disk after the commit included:
+  `write_seconds`), over the mean step without replicas; rank 0's host memory for the snapshots (`host_bytes`: the
+  replica it holds, `peak_host_bytes` while a snapshot is sent) and its bytes on disk (`disk_bytes`).
 
     python scripts/bench_elastic.py --part recovery --out docs/bench/bench_recovery.json --note "..."
 """
@@ -73,8 +75,15 @@ def app(run_dir: Path, *args: str) -> subprocess.Popen:
 
 
 def rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl's rows; a last line rank 0 is still writing is left out."""
     path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            break
+    return out
 
 
 def finish(proc: subprocess.Popen) -> None:
@@ -211,6 +220,9 @@ def snapshot_cost(tmp: Path, recipe: str) -> dict:
             out["snapshot_bytes"] = steps[-1]["elastic/snapshot/bytes"]
             out["host_bytes_per_rank"] = steps[-1]["elastic/snapshot/host_bytes"]
             out["replica_bytes_per_rank"] = steps[-1]["elastic/snapshot/replica_bytes"]
+            out["disk_bytes_per_rank"] = steps[-1]["elastic/snapshot/disk_bytes"]
+            out["peak_host_bytes_per_rank"] = steps[-1]["elastic/snapshot/peak_host_bytes"]
+            out["write_seconds"] = mean([r["elastic/snapshot/write_seconds"] for r in steps])
     out["snapshot_over_step"] = out["snapshot_seconds"] / out["replicas0_step_seconds"]
     out["on_path_over_step"] = out["on_path_seconds"] / out["replicas0_step_seconds"]
     out["step_time_change"] = out["replicas1_step_seconds"] / out["replicas0_step_seconds"] - 1
@@ -237,7 +249,10 @@ def recovery_main(out: Path, load: tuple[float, ...], note: str) -> None:
         print(f"{recipe}: step {c['replicas0_step_seconds']:.2f} s without replicas, {c['replicas1_step_seconds']:.2f} s "
               f"with ({100 * c['step_time_change']:+.1f}%); on the loop's path {c['on_path_seconds']:.3f} s "
               f"({100 * c['on_path_over_step']:.1f}% of a step); the send beside it {c['snapshot_seconds']:.3f} s, "
-              f"{c['snapshot_bytes'] / 2**20:.2f} MiB sent, {c['host_bytes_per_rank'] / 2**20:.2f} MiB host memory per rank")
+              f"{c['snapshot_bytes'] / 2**20:.2f} MiB sent, the own copy written to disk {c['write_seconds']:.3f} s; per rank "
+              f"(rank 0) {c['host_bytes_per_rank'] / 2**20:.2f} MiB host memory (the replica: "
+              f"{c['replica_bytes_per_rank'] / 2**20:.2f} MiB), {c['peak_host_bytes_per_rank'] / 2**20:.2f} MiB during a "
+              f"send, {c['disk_bytes_per_rank'] / 2**20:.2f} MiB on node-local disk")
 
 
 def main() -> None:

@@ -62,6 +62,8 @@ TABLES: dict[str, dict[str, Callable[[], str]]] = {
         "dry_run_ppo_235b_moe": lambda: elastic_tables.elastic_dry_run(BENCH, "ppo_235b_moe"),
         "torchft_probe": lambda: elastic_tables.torchft_probe(BENCH),
         "bench_elastic": lambda: elastic_tables.bench_elastic(BENCH),
+        "recovery_paths": lambda: elastic_tables.recovery_paths(BENCH),
+        "snapshot_cost": lambda: elastic_tables.snapshot_cost(BENCH),
     },
     "docs/bench/planning.md": {
         "bench_plan": lambda: doc_tables.planning(BENCH),

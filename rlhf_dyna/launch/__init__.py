@@ -3,7 +3,8 @@
 Outside torchrun, `spawn_ranks` (launch/spawn.py) starts `world_size` local ranks itself and supervises them; inside
 a rank (ours or torchrun's), `init_distributed` (launch/rank.py) joins the default process group on the device
 `devices.py` chooses. `host.py` checks what the machine can hold before anything starts (GPUs counted without
-initialising CUDA); `shm.py` names and removes vLLM's /dev/shm segments; `threads.py` gives a rank's worker threads
+initialising CUDA); `shm.py` names and removes vLLM's /dev/shm segments, `scratch.py` the run's node-local
+files; `threads.py` gives a rank's worker threads
 its device; `output.py` routes the ranks' output to log files and `failure.py` records and picks the failure to show.
 Only rank.py and threads.py import torch, and neither is imported here (rank.py on first use of its names): a
 launcher refuses a bad run before it pays for torch."""

@@ -1,7 +1,8 @@
 """The launcher outside torchrun: start `world_size` local ranks and supervise them.
 
 One failing rank or a signal to the launcher stops every rank (whole process groups), shows the failing rank's
-error (the first one recorded, launch/failure.py) and removes the run's `/dev/shm` segments. What reaches the console
+error (the first one recorded, launch/failure.py) and removes the run's `/dev/shm` segments and its node-local
+files (launch/scratch.py). What reaches the console
 is decided in launch/output.py and tracking/console_view.py: the lines of rank 0, which is the lowest-numbered
 process still running (after rank 0 leaves the job, or is lost and the survivors recover, the first survivor is rank
 0). The job's TCPStore is served from this process (launch/job_store.py), as torchrun's agent serves its agent store,
@@ -29,6 +30,7 @@ from .join_file import RunningJob, mark_finished, this_node, write_join_file
 from .joiner_watch import POLL_S as JOINERS_POLL_S, JoinerWatch
 from .lost_ranks import LossHandler, settle
 from .output import LAUNCHER_LOG, ROUTED_ENV, log_dir, output_to, pump, rank_log
+from .scratch import clean_scratch
 from .shm import SHM_DIR, clean_shm_segments
 
 JOINER_ENV = "RLHF_DYNA_JOINER"  # set in joiner process k (elastic.events join@S): it enters the world later
@@ -301,6 +303,7 @@ def spawn_ranks(
         for pump_thread in pumps:
             pump_thread.join(timeout=grace_s)
         clean_shm_segments(run_ident, sorted(stale))
+        clean_scratch(run_ident)  # the snapshots' own copies, a killed rank's too
         del store  # its server stops: a process still asking to join learns that the job has ended
     finally:
         if join_config is not None:
@@ -310,6 +313,7 @@ def spawn_ranks(
         if any(p.poll() is None for p in procs):  # an exception of our own above: leave nothing behind
             _stop_groups(procs, grace_s)
             clean_shm_segments(run_ident)
+            clean_scratch(run_ident)
         lost = (losses.lost_processes if losses is not None else set()) | dropped
         if not stop_signal and failed_rank is None and joined_why is None and procs and all(p.returncode == 0 for i, p in enumerate(procs)
                                                                      if i not in lost):

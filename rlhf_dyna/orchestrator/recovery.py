@@ -7,7 +7,7 @@ replica: it is loaded again from its files).
 Every `elastic.snapshot_every` steps, at the step's end, each rank copies its shard of every training role's state
 (fp32 parameters and AdamW moments of the actor and critic, the reference's parameters) to host memory and sends it
 by the ring plan to the next rank (transition/replica_state.py, elastic/replicas.py), and keeps the loop's state of
-that step (prompt sampler, RNGs, task position, KL controller).
+that step (prompt sampler, RNGs, task position, KL controller); once committed, its own copy goes to node-local disk.
 
 When a rank dies, the launcher announces it on the job's store (launch/lost_ranks.py). A watchdog thread on every
 rank waits for that announcement and shuts the old world's connections (launch/sockets.py: gloo has no abort), so a
@@ -50,12 +50,13 @@ from ..elastic.policies import make_placement
 from ..elastic.replicas import Served, holder_of, recovers_from_checkpoint
 from ..elastic.world_switch import enter_new_world
 from ..launch.lost_ranks import recovered_key
+from ..launch.scratch import process_scratch
 from ..launch.world_record import publish_world
 from ..rollout.reform import release_groups
 from ..train.mesh import build_mesh
 from ..transition.relayout import empty_engine_like, meta_skeleton
-from ..transition.replica_state import (RoleSnapshot, restore_role, send_replica, shell_of, snapshot_bytes,
-                                       take_snapshot)
+from ..transition.replica_state import (RoleSnapshot, held_bytes, memory_metrics, remove_own_files, restore_role,
+                                        send_replica, shell_of, spill_own, take_snapshot)
 from .checkpoint_recovery import load_in_place, newest_complete
 from .leave import trained_layout
 from .loss_watchdog import Watchdog
@@ -100,6 +101,7 @@ class Recovery:
         self.send_error: BaseException | None = None
         self.sent: dict[str, float] = {}  # the last completed send's metrics
         self.recorder = None  # the runtime's trace: the snapshots' and the recovery's events
+        self.files = None  # node-local: the committed snapshot's own copies (launch/scratch.py), set by start
         rank, world = dist.get_rank(), dist.get_world_size()
         fallback = recovers_from_checkpoint(cfg.elastic.replicas, cfg.elastic.recover_from_checkpoint)
         if self.snapshots:
@@ -113,6 +115,7 @@ class Recovery:
         """A launched rank with elastic.replicas=1: the state to survive a loss with, from the start (a joiner's
         first comes with its first step)."""
         membership = getattr(runtime, "membership", None)
+        self.files = process_scratch(run.dist_info.run_ident, self.process)
         if membership is not None:  # a change destroys every group: the snapshot's send is finished first
             membership.before_change = self.finish_sending
         if self.snapshots and self.ring_world is not None:
@@ -123,7 +126,7 @@ class Recovery:
         next step), each shard's replica sent to the next rank by a thread over a group of its own during the next
         step's generation (or here, `background=False`); committed once every rank has received its replica. The
         metrics: this copy's and the wait for the previous send (elastic/snapshot/{copy,wait}_seconds), and the
-        previous send's elastic/snapshot/{seconds,bytes,host_bytes,replica_bytes}."""
+        previous send's elastic/snapshot/{seconds,bytes,write_seconds} and memory_metrics."""
         waited = self.finish_sending()
         start = time.perf_counter()
         engines = {role: getattr(runtime, role) for role in ROLES if getattr(runtime, role) is not None}
@@ -145,7 +148,7 @@ class Recovery:
         return {**self.sent, "elastic/snapshot/copy_seconds": copied, "elastic/snapshot/wait_seconds": waited}
 
     def _send(self, roles: dict[str, RoleSnapshot], loop: LoopState, start: float, copied: float) -> None:
-        """The snapshot thread: the ring plans over the side group, then the commit."""
+        """The snapshot thread: the ring plans over the side group, then the commit, then the own copies to disk."""
         try:
             began, moved = time.perf_counter(), 0
             for snap in roles.values():
@@ -154,11 +157,13 @@ class Recovery:
             # the barrier after some passed it, and then every rank had received everything (recover promotes it)
             self.staged = (roles, loop)
             dist.barrier(group=self.side)
+            peak = held_bytes(roles) + held_bytes(self.roles)  # the previous snapshot: held until this commit
             (self.roles, self.loop), self.staged = self.staged, None
-            own, replica = snapshot_bytes(roles)
+            written = time.perf_counter()
+            disk = spill_own(roles, self.files, loop.key)  # kept in memory: the predecessor's replica only
             self.sent = {"elastic/snapshot/seconds": copied + time.perf_counter() - began,
-                         "elastic/snapshot/bytes": float(moved), "elastic/snapshot/host_bytes": float(own + replica),
-                         "elastic/snapshot/replica_bytes": float(replica)}
+                         "elastic/snapshot/bytes": float(moved), **memory_metrics(roles, disk, peak),
+                         "elastic/snapshot/write_seconds": time.perf_counter() - written}
         except Exception as err:  # noqa: BLE001 - handed to the main thread by finish_sending
             self.send_error = err
 
@@ -352,10 +357,12 @@ class Recovery:
         self.staged = None
 
     def close(self, failed: bool) -> None:
-        """The end of the run: the last snapshot's send finished (every rank's thread takes part), the watchdog off."""
+        """The end of the run: the last snapshot's send finished (every rank's thread takes part), the watchdog off,
+        the snapshot's files removed (the launcher removes a killed rank's)."""
         self.watchdog.close()
         if not failed:
             self.finish_sending()
+        remove_own_files(self.files)
 
 
 def reward_model_again(runtime, placement: Placement) -> None:

@@ -6,18 +6,27 @@ the survivors of lost ranks from them (the pure plans: elastic/replicas.py; docs
     ...  ranks are lost; the survivors enter a new world and build empty engines on its mesh ...
     moved = restore_role(snap, engine, dst_spec, served)   # collective over the new world: the served plan
 
+    spill_own(snaps, directory, key)              # committed: own copies to node-local disk, their memory freed
+
 The own copy is what the snapshot sends (so a background send never reads tensors that training is changing) and what
 a survivor restores from: rolling back to the snapshot needs it where the live state moved past it (an optimizer
-step after the snapshot). Each rank therefore holds two shards per role in host memory: its own and its
-predecessor's replica.
+step after the snapshot). Once the snapshot is committed (every rank has its replica), only this rank reads it, and
+only to roll back: it goes to a safetensors file on node-local disk (launch/scratch.py names the directory) and is
+read back from there. Each rank then holds one shard per role in host memory, its predecessor's replica; while a
+snapshot is sent, three (its own copy and replica, and the previous snapshot's replica, which a loss then falls back
+to).
 """
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from ..elastic.replicas import REPLICA, Served, ring_spec, served_rank_plan
@@ -47,12 +56,13 @@ class RoleSnapshot:
     kinds: tuple[Kind, ...]
     adam_step: float  # AdamW's step counter (-1: no moments yet)
     catalog: ModelCatalog
-    own: dict[str, Tensor]
+    own: dict[str, Tensor]  # empty once written to `own_file`
     replica: dict[str, Tensor] = field(default_factory=dict)
+    own_file: Path | None = None
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.own.values(), *self.replica.values()))
+    def own_state(self) -> dict[str, Tensor]:
+        """This rank's own copy: in host memory until the snapshot is committed, then read back from its file."""
+        return load_file(self.own_file) if self.own_file is not None else self.own
 
 
 def take_snapshot(engine: TrainEngine) -> RoleSnapshot:
@@ -112,7 +122,7 @@ def restore_role(snap: RoleSnapshot, destination: TrainEngine | None, dst_spec: 
         names = {k.value for k in snap.kinds}
         state = {k: t for k, t in bind_train_state(destination).items() if k[1] in names}
         dst = bind_train_buffers(state, build_layout(snap.catalog, plain, snap.kinds), new)
-    src = {**snap.own, **{REPLICA + n: t for n, t in snap.replica.items()}}
+    src = {**snap.own_state(), **{REPLICA + n: t for n, t in snap.replica.items()}}
     execute(prepared, src, dst, trace=recorder, trace_name="elastic/recovery/rounds")
     if destination is not None:
         refresh_fsdp_shards(destination.model)
@@ -124,9 +134,45 @@ def restore_role(snap: RoleSnapshot, destination: TrainEngine | None, dst_spec: 
     return Restored(time.perf_counter() - start, int(moved.item()), local)
 
 
+def spill_own(snaps: dict[str, RoleSnapshot], directory: Path, key: int) -> int:
+    """Every role's own copy of the committed snapshot `key` written to `directory` (whole or absent: a temporary name,
+    then renamed) and its host memory freed; the files of older snapshots removed. The bytes on disk."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for role, snap in snaps.items():
+        path, partial = directory / f"{key}-{role}.safetensors", directory / f"{key}-{role}.partial"
+        save_file({n: t.contiguous() for n, t in snap.own.items()}, partial)
+        os.replace(partial, path)
+        snap.own, snap.own_file = {}, path
+        written.append(path)
+    for old in directory.iterdir():
+        if old not in written:
+            old.unlink(missing_ok=True)
+    return sum(p.stat().st_size for p in written)
+
+
+def remove_own_files(directory: Path | None) -> None:
+    """The end of the run: this process's snapshot files gone (the launcher removes a killed rank's: launch/scratch)."""
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def snapshot_bytes(snaps: dict[str, RoleSnapshot]) -> tuple[int, int]:
-    """(own, replica) bytes this rank holds in host memory for its snapshots."""
+    """(own, replica) bytes this rank holds in host memory for its snapshots (own: 0 once written to disk)."""
     own = sum(t.numel() * t.element_size() for s in snaps.values() for t in s.own.values())
     rep = sum(t.numel() * t.element_size() for s in snaps.values() for t in s.replica.values())
     return own, rep
+
+
+def held_bytes(snaps: dict[str, RoleSnapshot]) -> int:
+    """Host memory this rank holds for `snaps`: own copies not yet on disk and replicas."""
+    return sum(snapshot_bytes(snaps))
+
+
+def memory_metrics(snaps: dict[str, RoleSnapshot], disk: int, peak: int) -> dict[str, float]:
+    """A committed snapshot's memory on this rank: elastic/snapshot/host_bytes (held from now on: the replica, the own
+    copy being on disk), replica_bytes, disk_bytes, and peak_host_bytes (`peak`: held while it was sent)."""
+    own, replica = snapshot_bytes(snaps)
+    return {"elastic/snapshot/host_bytes": float(own + replica), "elastic/snapshot/replica_bytes": float(replica),
+            "elastic/snapshot/disk_bytes": float(disk), "elastic/snapshot/peak_host_bytes": float(peak)}
 

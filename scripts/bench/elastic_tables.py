@@ -1,6 +1,7 @@
 """Markdown tables of docs/elastic.md from its committed JSON (scripts/docs_tables.py writes them between markers):
-membership planning time, the dry run's membership changes, the torchft probe, and a live leave and join against
-checkpoint-and-restart (scripts/bench_elastic.py)."""
+membership planning time, the dry run's membership changes, the torchft probe, a live leave and join against
+checkpoint-and-restart (scripts/bench_elastic.py), and a lost rank's recovery against kill-and-relaunch with the
+snapshots' cost and memory (`bench_elastic.py --part recovery`)."""
 from __future__ import annotations
 
 import json
@@ -108,6 +109,60 @@ def bench_elastic(bench: Path) -> str:
     return "\n".join(lines) + (f"\n\nData: `bench/bench_elastic.json` ({report['date']}, {report['machine']}, load average "
                                f"{load} at the start{note}): `python scripts/bench_elastic.py --out "
                                f"docs/bench/bench_elastic.json`.")
+
+
+def recovery_paths(bench: Path) -> str:
+    """The recovery from a killed rank against kill-and-relaunch (`bench/bench_recovery.json`)."""
+    report = read(bench, "bench_recovery.json")
+    rec, restart = report["recovery"], report["kill_and_relaunch"]
+    rows = [
+        ("recovery: kill -9 of rank 2 during step 6 -> the survivors' error and the announcement (`detect_seconds`)",
+         rec["detect_seconds"]),
+        ("recovery: old world released, new default group over 3 ranks (`world_seconds`)", rec["world_seconds"]),
+        (f"recovery: the state rebuilt from own shards (read back from node-local disk) and rank 3's replica, "
+         f"{rec['bytes_moved'] / 2**20:.1f} MiB moved (`move_seconds`)", rec["move_seconds"]),
+        ("recovery: vLLM re-formed, weights synced, loop rolled back to step 5 (`rollout_seconds`)",
+         rec["rollout_seconds"]),
+        ("recovery: the new ring's replicas (`snapshot_seconds`)", rec["snapshot_seconds"]),
+        ("recovery: step 6 redone on 3 ranks (`timing_s/step`)", rec["first_step_seconds"]),
+        ("**recovery: from the kill to step 6 done**", rec["kill_to_first_step_seconds"]),
+        (f"kill and relaunch without replicas: the run stops (exit {restart['killed_exit_code']})",
+         restart["stop_seconds"]),
+        ("kill and relaunch: relaunch on 3 ranks with `trainer.resume` of step 5, to step 6 done",
+         restart["relaunch_to_first_step_seconds"]),
+        ("**kill and relaunch: from the kill to step 6 done**", restart["kill_to_first_step_seconds"]),
+        ("ratio (target: below 0.25)", report["recovery_over_relaunch"]),
+    ]
+    lines = ["| path | seconds |", "|---|---|"]
+    lines += [f"| {what} | {f'**{value:.2f}**' if what.startswith('**') else f'{value:.2f}'} |" for what, value in rows]
+    return "\n".join(lines)
+
+
+def snapshot_cost(bench: Path) -> str:
+    """The snapshots' cost on the step and their memory per rank, K=1, with replicas against without."""
+    report, mib = read(bench, "bench_recovery.json"), 2**20
+    costs = report["snapshot_cost"]
+    rows = [
+        ("mean step without / with replicas (steps 2-12)", lambda c: f"{c['replicas0_step_seconds']:.3f} / "
+         f"{c['replicas1_step_seconds']:.3f} s ({100 * c['step_time_change']:+.1f}%)"),
+        ("on the loop's path: the copy to host memory and the wait for the previous send",
+         lambda c: f"{c['on_path_seconds']:.3f} s ({100 * c['on_path_over_step']:.1f}% of a step)"),
+        ("beside the next step: the send, the commit and the own copy's write (`elastic/snapshot/seconds`)",
+         lambda c: f"{c['snapshot_seconds']:.3f} s ({c['snapshot_bytes'] / mib:.1f} MiB over the world)"),
+        ("... of which the write to node-local disk (`write_seconds`)", lambda c: f"{c['write_seconds']:.4f} s"),
+        ("host memory per rank between snapshots (`host_bytes`: the predecessor's replica)",
+         lambda c: f"{c['host_bytes_per_rank'] / mib:.2f} MiB (replica {c['replica_bytes_per_rank'] / mib:.2f} MiB)"),
+        ("host memory per rank while a snapshot is sent (`peak_host_bytes`)",
+         lambda c: f"{c['peak_host_bytes_per_rank'] / mib:.2f} MiB"),
+        ("node-local disk per rank (`disk_bytes`: its own shards)", lambda c: f"{c['disk_bytes_per_rank'] / mib:.2f} MiB"),
+    ]
+    lines = [f"| rank 0, K=1, 4 ranks | {' | '.join(costs)} |", "|---|" + "---|" * len(costs)]
+    lines += [f"| {what} | {' | '.join(cell(c) for c in costs.values())} |" for what, cell in rows]
+    load = ", ".join(f"{x:.1f}" for x in report["load_average_at_start"])
+    note = f"; {report['note']}" if report.get("note") else ""
+    return "\n".join(lines) + (f"\n\nData: `bench/bench_recovery.json` ({report['date']}, {report['machine']}, load "
+                               f"average {load} at the start{note}): `python scripts/bench_elastic.py --part recovery "
+                               f"--out docs/bench/bench_recovery.json`.")
 
 
 def short(result: str) -> str:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from rlhf_dyna.launch.scratch import scratch_root
 from rlhf_dyna.launch.shm import SHM_DIR
 from rlhf_dyna.launch.spawn import mapped_shm
 from rlhf_dyna.orchestrator.checkpoint_dirs import scan
@@ -176,6 +177,9 @@ def test_a_rank_killed_during_a_step_is_survived_from_the_replicas(tmp_path: Pat
     assert first["elastic/recovery/steps_lost"] == 1.0 and first["elastic/recovery/source"] == 1.0
     assert first["elastic/recovery/bytes_moved"] > 0 and first["elastic/recovery/seconds"] > 0
     assert all(r["elastic/snapshot/bytes"] > 0 for r in rows[1:])
+    # host memory per rank: one shard, the predecessor's replica; its own copy is on node-local disk
+    assert all(r["elastic/snapshot/host_bytes"] == r["elastic/snapshot/replica_bytes"] > 0 for r in rows[1:]), rows[1]
+    assert all(r["elastic/snapshot/disk_bytes"] >= r["elastic/snapshot/replica_bytes"] for r in rows[1:]), rows[1]
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert f"lost during step {KILL_IN}" in log and f"rolled back to step {KILL_IN - 1}" in log
 
@@ -236,8 +240,10 @@ def test_rank_0_killed_during_a_step_is_survived_and_its_successor_writes_the_me
     args = [*ARGS, *[a for a in REPLICAS if not a.startswith(("elastic.snapshot_every=", "trainer.save_every="))],
             *extra]
 
-    def before_kill() -> None:  # what the run has mapped and logged when rank 0 dies
+    def before_kill() -> None:  # what the run has mapped, written and logged when rank 0 dies
         seen["shm"] = mapped_shm(marked_processes(str(run_dir)))
+        seen["scratch"] = sorted(p.name for p in scratch_root(json.loads((run_dir / "join.json").read_text())[
+            "run_ident"]).iterdir())
         seen["rows"] = read_metrics(run_dir)
         seen["killed"] = time.monotonic()
 
@@ -256,6 +262,8 @@ def test_rank_0_killed_during_a_step_is_survived_and_its_successor_writes_the_me
     ident = json.loads((run_dir / "join.json").read_text())["run_ident"]
     left = [p.name for p in SHM_DIR.iterdir() if ident in p.name or p in seen["shm"]]
     assert left == [], f"the run left /dev/shm entries {left} (mapped at the kill: {sorted(seen['shm'])})"
+    # every rank's snapshot files were on node-local disk; the killed rank 0's too are gone with the run
+    assert seen["scratch"] == ["rank0", "rank1", "rank2", "rank3"] and not scratch_root(ident).exists()
     assert "rank 0 of 4 lost (process 0); the survivors rebuild its state from the replicas" in done.stderr
     # metrics.jsonl: each step once; the rows the lost rank 0 wrote past the rollback went (every=2: step 5's)
     assert [r["step"] for r in seen["rows"]][-1] == KILL_IN - 1, "rank 0 had logged step 5 when it was killed"
