@@ -11,7 +11,7 @@ from pathlib import Path
 from rlhf_dyna.elastic.faults import KILL_ENV, KILL_TEXT
 from tests.app.elastic.rank_logs import announced_pid
 from tests.app.app_runs import AppProcess
-from tests.app.runtimes.placed_runs import kill_marked
+from tests.app.runtimes.placed_runs import kill_marked, run
 
 
 def start(run_dir: Path, *args: str, env: dict | None = None) -> AppProcess:
@@ -62,3 +62,16 @@ def run_with_kill_point(run_dir: Path, *args: str, kill_at: str, limit: float = 
         kill_marked(run_dir)  # a hung run: every process's stacks first, the launcher's too
         if proc.poll() is None:
             proc.kill()
+
+
+def resumed_reference(tmp_path: Path, run_dir: Path, args: list[str], world_size: int, step: int,
+                      *extra: str) -> list[dict]:
+    """The reference of a recovery: `args` on `world_size` ranks resumed by trainer.resume from run_dir's checkpoint
+    of `step` (in tmp_path/resumed); its metrics rows, nothing of it left running."""
+    reference_dir = tmp_path / "resumed"
+    try:
+        return run(reference_dir, *[a for a in args if not a.startswith("parallel.world_size=")],
+                   f"parallel.world_size={world_size}", *extra,
+                   f"trainer.resume={run_dir / 'checkpoints' / f'step_{step}'}")
+    finally:
+        kill_marked(reference_dir)

@@ -25,7 +25,7 @@ import pytest
 from rlhf_dyna.elastic.faults import KILL_TEXT
 from rlhf_dyna.launch.shm import SHM_DIR
 from tests.app.app_runs import read_metrics
-from tests.app.elastic.live_runs import run_with_kill_point
+from tests.app.elastic.live_runs import resumed_reference, run_with_kill_point
 from tests.app.elastic.test_live_split import planned
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run, weight_files
@@ -89,11 +89,6 @@ def test_a_rank_killed_in_lends_placement_move_is_survived_from_the_replicas(tmp
     assert f"rank 2 of 4 lost during step {kill_in}" in log and f"rolled back to step {kill_in - 1}" in log, log[-3000:]
     assert "placement=lend over 3 ranks: the actor trains on [0], the critic on [1..2]" in log
 
-    reference_dir = tmp_path / "resumed"
-    try:
-        resumed = run(reference_dir, *[a for a in args if not a.startswith("parallel.world_size=")],
-                      "parallel.world_size=3", f"trainer.resume={run_dir / 'checkpoints' / f'step_{kill_in - 1}'}")
-    finally:
-        kill_marked(reference_dir)
+    resumed = resumed_reference(tmp_path, run_dir, args, 3, kill_in - 1)
     assert any(abs(r["actor/pg_loss"]) > 1e-3 for r in resumed), "no learning signal: equality is vacuous"
     assert_same_metrics(resumed, rows[kill_in:])

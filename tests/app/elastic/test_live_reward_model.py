@@ -23,7 +23,7 @@ import pytest
 
 from rlhf_dyna.models.tiny_checkpoint import make_tiny_checkpoint, make_tiny_reward_model
 from tests.app.app_runs import read_metrics, run_cli
-from tests.app.elastic.live_runs import run_with_kill_point
+from tests.app.elastic.live_runs import resumed_reference, run_with_kill_point
 from tests.app.marked_processes import marked_processes
 from tests.app.runs.test_file_task import chat_rows, write_jsonl
 from tests.app.runs.test_reward_model_loop import file_task
@@ -86,11 +86,6 @@ def test_a_rank_lost_in_a_run_with_a_reward_model_is_survived_and_the_reward_mod
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert f"rolled back to step {kill_in - 1}" in log and f"the reward model loaded again from {models['rm']}" in log
 
-    reference_dir = tmp_path / "resumed"
-    try:
-        resumed = run(reference_dir, *[a for a in args if not a.startswith("parallel.world_size=")],
-                      "parallel.world_size=3", f"trainer.resume={run_dir / 'checkpoints' / f'step_{kill_in - 1}'}")
-    finally:
-        kill_marked(reference_dir)
+    resumed = resumed_reference(tmp_path, run_dir, args, 3, kill_in - 1)
     assert all(r["reward/rm/mean"] for r in resumed) and any(abs(r["critic/vf_loss"]) > 1e-3 for r in resumed)
     assert_same_metrics(resumed, rows[kill_in:])

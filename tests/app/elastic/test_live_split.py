@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.app.app_runs import read_metrics, run_cli
-from tests.app.elastic.live_runs import run_with_kill_point
+from tests.app.elastic.live_runs import resumed_reference, run_with_kill_point
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, SYNC, assert_same_metrics, kill_marked, run, weight_files
 
@@ -140,12 +140,6 @@ def test_a_rank_lost_under_split_is_survived_from_the_replicas(tmp_path: Path, l
     rebuilt = "rebuilt its state from the replicas on rank 0 " if lost == 3 else "it held no training state"
     assert f"rolled back to step {kill_in - 1}" in log and rebuilt in log, log[-3000:]
 
-    reference_dir = tmp_path / "resumed"
-    try:
-        resumed = run(reference_dir, *[a for a in ARGS if not a.startswith("parallel.world_size=")],
-                      "parallel.world_size=3", f"placement.rollout_ranks={rollout_after}",
-                      f"trainer.resume={run_dir / 'checkpoints' / f'step_{kill_in - 1}'}")
-    finally:
-        kill_marked(reference_dir)
+    resumed = resumed_reference(tmp_path, run_dir, ARGS, 3, kill_in - 1, f"placement.rollout_ranks={rollout_after}")
     assert any(abs(r["actor/pg_loss"]) > 1e-3 for r in resumed), "no learning signal: equality is vacuous"
     assert_same_metrics(resumed, rows[kill_in:])

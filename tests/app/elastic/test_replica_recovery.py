@@ -43,7 +43,7 @@ from rlhf_dyna.launch.shm import SHM_DIR
 from rlhf_dyna.launch.spawn import mapped_shm
 from rlhf_dyna.orchestrator.checkpoint_dirs import scan
 from tests.app.app_runs import AppProcess, read_metrics
-from tests.app.elastic.live_runs import run_with_kill_point, signal_rank, start, wait_for
+from tests.app.elastic.live_runs import resumed_reference, run_with_kill_point, signal_rank, start, wait_for
 from tests.app.elastic.rank_logs import announced_pid
 from tests.app.marked_processes import marked_processes
 from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run
@@ -325,10 +325,5 @@ def test_a_rank_lost_with_rollout_tp_2_is_survived_over_gloo(tmp_path: Path) -> 
     log = (run_dir / "logs" / "rank3.log").read_text()
     assert "rlhf_dyna: vLLM's tp:0 group reduces over gloo, not its shm ring" in log, log[-3000:]
 
-    reference_dir = tmp_path / "resumed"
-    try:
-        resumed = run(reference_dir, *[a for a in args if not a.startswith("parallel.world_size=")],
-                      "parallel.world_size=3", f"trainer.resume={run_dir / 'checkpoints' / f'step_{kill_in - 1}'}")
-    finally:
-        kill_marked(reference_dir)
+    resumed = resumed_reference(tmp_path, run_dir, args, 3, kill_in - 1)
     assert_same_metrics(resumed, rows[kill_in:])
