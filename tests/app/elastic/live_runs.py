@@ -75,3 +75,13 @@ def resumed_reference(tmp_path: Path, run_dir: Path, args: list[str], world_size
                    f"trainer.resume={run_dir / 'checkpoints' / f'step_{step}'}")
     finally:
         kill_marked(reference_dir)
+
+
+def with_and_without(tmp_path: Path, args: list[str], *changes: str) -> tuple[list[dict], list[dict]]:
+    """`args` run as is (tmp_path/fixed) and with `changes` (tmp_path/changed): both runs' metrics rows, nothing of
+    either left running."""
+    try:
+        return run(tmp_path / "fixed", *args), run(tmp_path / "changed", *args, *changes)
+    finally:
+        kill_marked(tmp_path / "fixed")
+        kill_marked(tmp_path / "changed")

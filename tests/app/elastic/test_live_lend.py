@@ -25,10 +25,10 @@ import pytest
 from rlhf_dyna.elastic.faults import KILL_TEXT
 from rlhf_dyna.launch.shm import SHM_DIR
 from tests.app.app_runs import read_metrics
-from tests.app.elastic.live_runs import resumed_reference, run_with_kill_point
+from tests.app.elastic.live_runs import resumed_reference, run_with_kill_point, with_and_without
 from tests.app.elastic.test_live_split import planned
 from tests.app.marked_processes import marked_processes
-from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, kill_marked, run, weight_files
+from tests.app.runtimes.placed_runs import GRPO4, assert_same_metrics, weight_files
 
 STEPS = 5
 # micro-batches of 4 rows (as test_live_join's PPO run): the actor's 24 rows a mini-batch at dp 1 are 6 of them
@@ -43,12 +43,7 @@ MOVES = [f"reshard/{role}/{change}/bytes_moved" for role in ("actor", "critic")
 @pytest.mark.timeout(900)
 def test_lend_replans_its_sets_at_a_leave_and_a_join_and_nothing_changes_but_the_world(tmp_path: Path) -> None:
     before = weight_files()
-    try:
-        fixed = run(tmp_path / "fixed", *ARGS)
-        rows = run(tmp_path / "changed", *ARGS, EVENTS)
-    finally:
-        kill_marked(tmp_path / "fixed")
-        kill_marked(tmp_path / "changed")
+    fixed, rows = with_and_without(tmp_path, ARGS, EVENTS)
     assert not marked_processes(str(tmp_path)), "engine or rank processes outlived the runs"
     assert weight_files() - before == set(), "the runs left weight files in /dev/shm"
     assert [r.get("elastic/world_size") for r in rows[1:]] == [4.0, 4.0, 3.0, 3.0, 4.0]

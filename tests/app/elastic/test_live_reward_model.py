@@ -23,11 +23,11 @@ import pytest
 
 from rlhf_dyna.models.tiny_checkpoint import make_tiny_checkpoint, make_tiny_reward_model
 from tests.app.app_runs import read_metrics, run_cli
-from tests.app.elastic.live_runs import resumed_reference, run_with_kill_point
+from tests.app.elastic.live_runs import resumed_reference, run_with_kill_point, with_and_without
 from tests.app.marked_processes import marked_processes
 from tests.app.runs.test_file_task import chat_rows, write_jsonl
 from tests.app.runs.test_reward_model_loop import file_task
-from tests.app.runtimes.placed_runs import NO_CLIP, assert_same_metrics, kill_marked, run
+from tests.app.runtimes.placed_runs import NO_CLIP, assert_same_metrics
 
 EVENTS = "elastic.events=[leave:3@1,join@2]"
 # 12 prompts and 12 eval rows split over 3 and 4 rollout replicas, 24 rows over 2 mini-batches x dp 3 and 4
@@ -47,12 +47,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.timeout(900)
 def test_the_reward_model_moves_at_a_leave_and_a_join_and_scores_the_same(models, tmp_path: Path) -> None:
     args = [a for a in file_task(models, *PPO4) if a != "task.eval_size=4"]
-    try:
-        fixed = run(tmp_path / "fixed", *args)
-        changed = run(tmp_path / "changed", *args, EVENTS)
-    finally:
-        kill_marked(tmp_path / "fixed")
-        kill_marked(tmp_path / "changed")
+    fixed, changed = with_and_without(tmp_path, args, EVENTS)
     assert not marked_processes(str(tmp_path / "changed"))
     assert [r.get("elastic/world_size") for r in changed[1:]] == [4.0, 3.0, 4.0, 4.0]
     assert len({round(r["reward/rm/mean"], 6) for r in fixed[1:]}) > 1 and all(r["reward/rm/mean"] for r in fixed[1:])
