@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rlhf_dyna.elastic.world_prebuild import WorldPlan, mesh_groups, plan_payload
 from rlhf_dyna.parallel_layout import ParallelLayout
+from rlhf_dyna.rollout.reform import vllm_groups
 
 
 def test_mesh_groups_are_each_dimensions_ranks_and_skip_what_spans_the_world():
@@ -20,7 +21,17 @@ def test_a_join_plans_the_staging_mesh_over_the_old_ranks_then_the_new_layout():
     assert groups == ((0,), (1,), (0, 1), (0, 2), (1, 3), (0, 1), (2, 3))
 
 
-def test_the_posted_plan_names_the_joiners_rank():
-    plan = WorldPlan(3, 4, ((0, 2), (1, 3)), step=5)
-    assert plan_payload(plan, 3) == {"generation": 3, "world_size": 4, "groups": [[0, 2], [1, 3]], "step": 5,
-                                     "rank": 3}
+def test_the_posted_plan_names_the_joiners_rank_and_carries_vllms_groups():
+    plan = WorldPlan(3, 4, ((0, 2), (1, 3)), step=5, rollout=((0, 1, 2, 3), (0, 1, 2, 3)))
+    payload = plan_payload(plan, 3)
+    assert payload == {"generation": 3, "world_size": 4, "groups": [[0, 2], [1, 3]], "step": 5,
+                       "rollout": [[0, 1, 2, 3], [0, 1, 2, 3]], "rank": 3}
+
+
+def test_vllms_groups_in_its_order_each_twice():
+    """world, TP, DCP, PCP, PP, DP (EP for MoE): a device group and a cpu group each (tests/ranks/elastic checks the
+    order against vLLM's own calls)."""
+    once = vllm_groups(2, 4, moe=False)[::2]
+    assert once == ((0, 1, 2, 3), (0, 1), (2, 3), *[(r,) for r in range(4)] * 3, (0, 2), (1, 3))
+    assert vllm_groups(2, 4, moe=False)[1::2] == once
+    assert vllm_groups(1, 3, moe=True)[::2] == ((0, 1, 2), *[(r,) for r in range(3)] * 4, (0, 1, 2), (0, 1, 2))
