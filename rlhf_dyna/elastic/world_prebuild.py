@@ -43,6 +43,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from ..launch.host import shared_memory_domain
 from ..parallel_layout import ParallelLayout
 from .join_world import job_client_store
 
@@ -109,6 +110,7 @@ class WorldBuild:
         self.used = False  # its groups were handed to torch.distributed
         self.picked_up = 0  # groups the new world took from this build
         self.rollout_picked_up = 0  # of them, vLLM's (`rollout_groups`)
+        self.machines: int | None = None  # the new world's machines where vLLM's groups are planned (`_count_machines`)
         self._groups: dict[tuple, list] = defaultdict(list)  # the default group's and the meshes'
         self._rollout: dict[tuple, list] = defaultdict(list)  # vLLM's, taken inside `rollout_groups`
         self._pool = self._groups  # what `take` hands out
@@ -129,6 +131,8 @@ class WorldBuild:
                                              self.timeout))
             self._build(dist.PrefixStore("mesh", store), self.plan.groups, self._groups)
             self._build(dist.PrefixStore("rollout", store), self.plan.rollout, self._rollout)
+            if self.plan.rollout:
+                self.machines = self._count_machines(dist.PrefixStore("machines", store))
         except BaseException as err:  # surfaced by wait(), on the main thread
             self._error = err
         finally:
@@ -140,6 +144,12 @@ class WorldBuild:
             if self.rank in ranks:
                 into[ranks].append(_gloo(dist.PrefixStore(str(i), store), ranks.index(self.rank), len(ranks),
                                          self.timeout))
+
+    def _count_machines(self, store: dist.Store) -> int:
+        """The machines the new world spans (launch.host.shared_memory_domain), agreed on through the store: vLLM's
+        re-form would count them with a collective over the new world (rollout.reform)."""
+        store.set(str(self.rank), shared_memory_domain())
+        return len(set(store.multi_get([str(r) for r in range(self.plan.world_size)])))
 
     def serves(self, generation: int, rank: int, world_size: int) -> bool:
         """Whether this build is of the world being entered (not where a change not known in advance came first)."""

@@ -3,13 +3,20 @@ scheduler stay; only its process groups and its data-parallel place are rebuilt 
 
     release_groups()                        # every rank of the old world, instead of rollout.shutdown()
     ... the old default group is gone; the survivors join the new one ...
-    reform(rollout, rank, world_size)       # each survivor: vLLM's groups over the new world, its DP rank and size
+    reform(rollout, rank, world_size, build)  # each survivor: vLLM's groups over the new world, its DP rank and size
 
 Under external_launcher vLLM builds its groups (world, TP, PP, DP, EP, ...) on the default torch group and reads its
 DP rank and size from the parallel config; the replicas agree on when a generate call is done over the DP group. So a
 new world needs vLLM's groups re-made on the new default group and the config's DP fields set, nothing else.
+
+Where the change was known a step ahead, `build` (elastic.world_prebuild) made those groups (`vllm_groups`) and
+counted the world's machines in the background during the step before: the re-form then builds no group and, at tp 1,
+runs no collective (a TP group of several ranks still sets up vLLM's shared-memory broadcaster and checks its ranks
+share one, over its new cpu group). Without it (NCCL, a SIGTERM leave, recovery) vLLM builds and counts them here.
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 
@@ -54,6 +61,23 @@ def engine_is_moe(rollout: VLLMRollout) -> bool:
     return bool(rollout.llm.llm_engine.vllm_config.model_config.is_moe)
 
 
+@contextmanager
+def machines_counted(build: WorldBuild | None):
+    """Inside: vLLM takes the new world's machine count from `build`, where it counted them in the background."""
+    from vllm.distributed import parallel_state
+
+    if build is None or not build.used or build.machines is None:
+        yield
+        return
+    # vLLM counts the machines of a world it makes with a collective over its world group (a shared memory segment
+    # named by broadcast, then a barrier): the only collective left in a re-form over groups built in the background
+    plain, parallel_state._node_count = parallel_state._node_count, lambda group: build.machines
+    try:
+        yield
+    finally:
+        parallel_state._node_count = plain
+
+
 def reform(rollout: VLLMRollout, rank: int, world_size: int, build: WorldBuild | None = None) -> None:
     """`rollout` as replica rank // tp of world_size // tp, on groups over the new default group (collective), taken
     from `build` where it built them in the background (its plan's `rollout`: `vllm_groups`). Its tp and its place in
@@ -68,7 +92,7 @@ def reform(rollout: VLLMRollout, rank: int, world_size: int, build: WorldBuild |
     parallel = config.parallel_config
     parallel.data_parallel_size = world_size // rollout.tp
     parallel.data_parallel_rank = parallel.data_parallel_index = rank // rollout.tp
-    with rollout_groups(build), set_current_vllm_config(config):
+    with rollout_groups(build), machines_counted(build), set_current_vllm_config(config):
         init_worker_distributed_environment(config, rank, "env://", backend=configured_backend())
     # vLLM decides this once, at start: an engine started in a world of one (a joiner's) must agree with its replicas
     engine.external_launcher_dp = parallel.data_parallel_size > 1

@@ -2,8 +2,9 @@
 ranks, through vLLM's own `init_worker_distributed_environment` as rollout.reform calls it: in the old world of 4 its
 new_group calls at tp 2 are the plan's (`vllm_groups`, vLLM's order); rank 3 leaves and, while the old world runs
 collectives, the 3 survivors build the new world with vLLM's groups at tp 1 on a thread; at the boundary vLLM's
-re-form takes every group it creates from that build (none built there) and a collective over each works. A world
-entered without a build (a change not known a step ahead) builds them at the boundary, as before."""
+re-form takes every group it creates from that build (none built there) and its count of the machines (one here, as
+vLLM counts at the boundary), and a collective over each group works. A world entered without a build (a change not
+known a step ahead) builds and counts them at the boundary, as before."""
 from __future__ import annotations
 
 import os
@@ -85,7 +86,10 @@ def leave_and_reform(rank: int, world: int, port: int) -> dict:
         if b is not None:
             b.close(keep_rollout=True)
         calls, seconds = vllm_reform(rank, 1, b)
+        from vllm.distributed.parallel_state import get_node_count
+
         out[f"world{generation}"] = {"calls": calls, "seconds": seconds, "checked": collectives_over_vllms_groups(rank),
+                                     "machines": (get_node_count(), b.machines if b is not None else None),
                                      "taken": b.rollout_picked_up if b is not None else 0,
                                      "build_seconds": b.build_seconds if b is not None else 0.0,
                                      "waited": b.waited if b is not None else 0.0}
@@ -109,6 +113,7 @@ def test_vllms_groups_of_the_new_world_come_from_the_background_build():
         assert {backend for _, backend in built["calls"]} == {PREBUILT}  # "gloo" read as PREBUILT inside the scope
         assert at_boundary["taken"] == 0 and {backend for _, backend in at_boundary["calls"]} == {"gloo"}
         assert built["checked"] == at_boundary["checked"] == 2 * 7
+        assert built["machines"] == (1, 1) and at_boundary["machines"] == (1, None)  # counted by the build, as vLLM does
         assert r["new_group_restored"]
     print({r["rank"]: {w: {k: round(r[w][k], 4) for k in ("seconds", "build_seconds", "waited")}
                        for w in ("world1", "world2")} for r in rows[:3]})
