@@ -1,5 +1,5 @@
 """Host-memory snapshots of a training role's state and its replica on the next rank, and the rebuild of the role on
-the survivors of lost ranks from them (the pure plans: elastic/replicas.py; docs/elastic.md, "Replicas and recovery").
+the survivors of lost ranks from them (the pure plans: elastic/replicas.py; docs/elastic/recovery.md).
 
     snap = take_snapshot(engine, step)            # local: this rank's shard copied to host memory (own)
     stats = send_replica(snap, group)             # collective over `group`: the ring plan, own -> next rank's replica
