@@ -5,7 +5,8 @@
   `elastic/leave/seconds` (its breakdown: the move over the old world; the new world's groups and meshes, built in the
   background during step 2 (`build_seconds`, off the path), what the boundary waited for that build (`wait_seconds`)
   and spent on the world's groups and meshes in all (`world_seconds`: the wait, then torch taking the groups);
-  the engines' local copy; the rollout released, re-formed and synced) plus step 3's `timing_s/step`.
+  the engines' local copy; the rollout released, re-formed and synced, `rollout_groups` of vLLM's groups taken from
+  the background build) plus step 3's `timing_s/step`.
 - restart (the issue's path: save at that step, stop, relaunch with `trainer.resume`, first step done): the same run
   checkpointed after step 2 (`trainer.save_every=2`, its last step), from step 2's metrics row to the launcher's exit
   (the save and the stop), then relaunched on 3 ranks with `trainer.resume` at that checkpoint, from the launch to
@@ -14,7 +15,8 @@
   the change's `elastic/join/seconds` (its breakdown: the wait for the joiner, which prepared in the background during
   the warm-up and steps 1-2 (`prepare_seconds`, not on the path); the new world's groups and meshes, built in the
   background during step 2 by the ranks and the joiner (`build_seconds`), the boundary's wait for it and its time on
-  the world in all (`wait_seconds`, `world_seconds`); the handover; the move; vLLM re-formed and synced) plus step
+  the world in all (`wait_seconds`, `world_seconds`); the handover; the move; vLLM re-formed over `rollout_groups`
+  groups from the build, and synced) plus step
   3's `timing_s/step`; against a
   3-rank run checkpointed after step 2 and relaunched on 4 ranks with `trainer.resume`.
 
@@ -60,9 +62,9 @@ RUN = [  # 12 prompts x 4 samples: 48 rows split over dp 4 and 3, the prompts ov
     "trainer.export_policy=false", "tracking.wandb_mode=disabled", "trainer.total_steps=4",
 ]
 BREAKDOWN = ("move_seconds", "build_seconds", "wait_seconds", "world_seconds", "background", "copy_seconds",
-             "rollout_seconds")
+             "rollout_seconds", "rollout_groups")
 JOIN_BREAKDOWN = ("prepare_seconds", "ready_wait_seconds", "build_seconds", "wait_seconds", "world_seconds",
-                  "background", "handover_seconds", "move_seconds", "rollout_seconds")
+                  "background", "handover_seconds", "move_seconds", "rollout_seconds", "rollout_groups")
 THREE = ["trainer.sft_batch_size=12"]  # the warm-up's batch splits over 3 ranks too (only the join's runs start with 3)
 
 

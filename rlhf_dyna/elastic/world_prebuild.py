@@ -1,22 +1,26 @@
 """The new world's process groups built in the background, during the step before its boundary (gloo; the live part
 of a membership change, docs/elastic/background_world.md).
 
-    plan = WorldPlan(generation, world_size, mesh_groups([layout], world_size))   # the same on every process
+    plan = WorldPlan(generation, world_size, mesh_groups([layout], world_size),   # the same on every process
+                     rollout=vllm_groups(tp, world_size, moe))                   # rollout.reform: vLLM's groups
     build = WorldBuild(plan, rank).start()       # every process of the new world, at the start of the step before
     ... the step runs on the old world's groups; the thread rendezvouses the new world's on the job's store ...
     enter_new_world(store, generation, rank, world_size, "gloo", build)   # elastic.world_switch: picks them up
     mesh = build_mesh(layout)                                            # picks its groups up too
-    build.close()                                # what was not picked up is dropped
+    build.close(keep_rollout=True)               # the meshes' groups not picked up are dropped
+    reform(rollout, rank, world_size, build)     # vLLM's groups, inside build.rollout_groups(); the rest dropped
 
 How torch.distributed takes them: the new world's default group is created with the backend PREBUILT, registered once
 with the public `dist.Backend.register_backend(PREBUILT, create, extended_api=True, devices=["cpu"])`. Its creator gets
 each group's `global_ranks_in_group` ([] for the default group) and returns the prebuilt ProcessGroupGloo of those
 ranks, or builds a fresh ProcessGroupGloo (the one torch's own gloo branch builds), so every later group of that world
-(`new_group` without a backend takes the default group's) is an ordinary gloo group. What reads the backend's name:
-`dist.get_backend()` says PREBUILT in such a world; transition.transport and train.mesh look for "nccl" in it (so:
-gloo, right), vLLM's groups are made with `configured_backend()` ("gloo"), DeviceMesh compares it with "gloo" only
-where CUDA is available (no background build there), and each group's backend object is a ProcessGroupGloo
-(`name()` "gloo").
+(`new_group` without a backend takes the default group's) is an ordinary gloo group. vLLM's groups name "gloo" (its
+cpu groups always): only inside `rollout_groups`, around vLLM's re-form, `dist.new_group` reads that name as PREBUILT
+(so vLLM's groups are registered under PREBUILT; a group vLLM makes later, of that backend, is built fresh). What
+reads the backend's name: `dist.get_backend()` says PREBUILT in such a world; transition.transport and train.mesh
+look for "nccl" in it (so: gloo, right), vLLM's groups are asked for with `configured_backend()` ("gloo") and vLLM
+only checks a cpu group's is not NCCL, DeviceMesh compares it with "gloo" only where CUDA is available (no
+background build there), and each group's backend object is a ProcessGroupGloo (`name()` "gloo").
 
 Safe beside the main thread: ProcessGroupGloo's constructor rendezvouses through the store only (each pair's
 address, then a full-mesh connect of its own sockets), never on another group, so it runs while the main thread's
@@ -31,12 +35,15 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
+from ..launch.host import shared_memory_domain
 from ..parallel_layout import ParallelLayout
 from .join_world import job_client_store
 
@@ -49,24 +56,27 @@ BUILD_TIMEOUT = timedelta(minutes=30)  # torch's default for gloo groups
 class WorldPlan:
     """A new world as every process of it agrees on it: its store generation, size, and the groups of its meshes
     besides the default group (sorted global ranks each, in the order the meshes will be built); `step`: the step at
-    whose start it was planned (a world refused at its boundary is planned again later: its keys must be new)."""
+    whose start it was planned (a world refused at its boundary is planned again later: its keys must be new);
+    `rollout`: the groups vLLM's engines re-formed over it create, in vLLM's order (each group's ranks once per
+    new_group call: a device group and a cpu group each)."""
 
     generation: int
     world_size: int
     groups: tuple[tuple[int, ...], ...]
     step: int = 0
+    rollout: tuple[tuple[int, ...], ...] = ()  # vLLM's groups there, as its re-form creates them (rollout.reform)
 
 
 def plan_payload(plan: WorldPlan, rank: int) -> dict:
     """What rank 0 posts to a joiner (elastic.join_world.post_plan): the plan and the joiner's rank in it."""
     return {"generation": plan.generation, "world_size": plan.world_size, "groups": [list(g) for g in plan.groups],
-            "step": plan.step, "rank": rank}
+            "step": plan.step, "rollout": [list(g) for g in plan.rollout], "rank": rank}
 
 
 def build_of_payload(payload: dict) -> WorldBuild:
     """A joiner's build of the plan rank 0 posted, started."""
     plan = WorldPlan(payload["generation"], payload["world_size"], tuple(tuple(g) for g in payload["groups"]),
-                     payload["step"])
+                     payload["step"], tuple(tuple(g) for g in payload["rollout"]))
     return WorldBuild(plan, payload["rank"]).start()
 
 
@@ -99,7 +109,11 @@ class WorldBuild:
         self.waited = 0.0  # what the switch waited for the thread to finish
         self.used = False  # its groups were handed to torch.distributed
         self.picked_up = 0  # groups the new world took from this build
-        self._groups: dict[tuple, list] = defaultdict(list)
+        self.rollout_picked_up = 0  # of them, vLLM's (`rollout_groups`)
+        self.machines: int | None = None  # the new world's machines where vLLM's groups are planned (`_count_machines`)
+        self._groups: dict[tuple, list] = defaultdict(list)  # the default group's and the meshes'
+        self._rollout: dict[tuple, list] = defaultdict(list)  # vLLM's, taken inside `rollout_groups`
+        self._pool = self._groups  # what `take` hands out
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="rlhf_dyna-new-world", daemon=True)
 
@@ -115,14 +129,27 @@ class WorldBuild:
                                      job_client_store())
             self._groups[WORLD].append(_gloo(dist.PrefixStore("world", store), self.rank, self.plan.world_size,
                                              self.timeout))
-            for i, ranks in enumerate(self.plan.groups):
-                if self.rank in ranks:
-                    self._groups[ranks].append(_gloo(dist.PrefixStore(str(i), store), ranks.index(self.rank),
-                                                     len(ranks), self.timeout))
+            self._build(dist.PrefixStore("mesh", store), self.plan.groups, self._groups)
+            self._build(dist.PrefixStore("rollout", store), self.plan.rollout, self._rollout)
+            if self.plan.rollout:
+                self.machines = self._count_machines(dist.PrefixStore("machines", store))
         except BaseException as err:  # surfaced by wait(), on the main thread
             self._error = err
         finally:
             self.build_seconds = time.perf_counter() - t0
+
+    def _build(self, store: dist.Store, groups: tuple[tuple[int, ...], ...], into: dict[tuple, list]) -> None:
+        """`groups`' groups this process belongs to, in their order (the same everywhere: no cycle of waits)."""
+        for i, ranks in enumerate(groups):
+            if self.rank in ranks:
+                into[ranks].append(_gloo(dist.PrefixStore(str(i), store), ranks.index(self.rank), len(ranks),
+                                         self.timeout))
+
+    def _count_machines(self, store: dist.Store) -> int:
+        """The machines the new world spans (launch.host.shared_memory_domain), agreed on through the store: vLLM's
+        re-form would count them with a collective over the new world (rollout.reform)."""
+        store.set(str(self.rank), shared_memory_domain())
+        return len(set(store.multi_get([str(r) for r in range(self.plan.world_size)])))
 
     def serves(self, generation: int, rank: int, world_size: int) -> bool:
         """Whether this build is of the world being entered (not where a change not known in advance came first)."""
@@ -146,20 +173,50 @@ class WorldBuild:
 
     def take(self, key: tuple, rank: int, size: int):
         """A prebuilt group of ranks `key` where this process is `rank` of `size`, or None."""
-        for i, group in enumerate(self._groups.get(key, [])):
+        for i, group in enumerate(self._pool.get(key, [])):
             if (group.rank(), group.size()) == (rank, size):
                 self.picked_up += 1
-                return self._groups[key].pop(i)
+                self.rollout_picked_up += self._pool is self._rollout
+                return self._pool[key].pop(i)
         return None
 
-    def close(self) -> bool:
-        """The world's meshes are built: later groups are built fresh, the groups not picked up are dropped. Whether
-        this build's groups were used."""
+    def close(self, keep_rollout: bool = False) -> bool:
+        """The world's meshes are built: later groups are built fresh, the groups not picked up are dropped (vLLM's
+        kept for `rollout_groups` with `keep_rollout`). Whether this build's groups were used."""
         global _ACTIVE
         if _ACTIVE is self:
             _ACTIVE = None
         self._groups.clear()
+        if not keep_rollout:
+            self._rollout.clear()
         return self.used
+
+    @contextmanager
+    def rollout_groups(self):
+        """Inside: the new_group calls of vLLM's re-form over this world (rollout.reform) take this build's groups
+        of vLLM; at the end the rest are dropped and later groups are built fresh."""
+        global _ACTIVE
+        # vLLM asks new_group for "gloo" by name (its cpu groups always), which torch builds itself; read as PREBUILT
+        # here, torch still makes and registers every group and only the creator differs, handed the group's ranks
+        plain = dist.new_group
+        dist.new_group = partial(_as_prebuilt, plain)
+        self._pool, _ACTIVE = self._rollout, self
+        try:
+            yield
+        finally:
+            dist.new_group, _ACTIVE, self._pool = plain, None, self._groups
+            self._rollout.clear()
+
+
+def _as_prebuilt(new_group, ranks=None, timeout=None, backend=None, **kwargs):
+    """torch's new_group, a gloo group asked for by name made by the PREBUILT backend (WorldBuild.rollout_groups)."""
+    gloo = backend is not None and str(backend).lower() == dist.Backend.GLOO
+    return new_group(ranks, timeout, PREBUILT if gloo else backend, **kwargs)
+
+
+def rollout_groups(build: WorldBuild | None):
+    """`build.rollout_groups()` where `build` built the world just entered (its groups were used), else nothing."""
+    return build.rollout_groups() if build is not None and build.used else nullcontext()
 
 
 _ACTIVE: WorldBuild | None = None  # the build whose groups the world being entered takes
@@ -192,16 +249,18 @@ def configured_backend() -> str:
 
 
 def world_metrics(kind: str, build: WorldBuild | None, boundary_seconds: float) -> dict[str, float]:
-    """`elastic/<kind>/{build_seconds,wait_seconds,world_seconds,background}` of a change's new world. Built in the
-    background: build is the thread's time (every rendezvous and connect), wait what the boundary waited for the
-    thread, world the boundary's time on the world's groups and meshes (the wait, then torch registering the default
-    group and creating the meshes over the prebuilt groups). Built at the boundary: all three are its time there."""
+    """`elastic/<kind>/{build_seconds,wait_seconds,world_seconds,background,rollout_groups}` of a change's new
+    world. Built in the background: build is the thread's time (every rendezvous and connect), wait what the boundary
+    waited for the thread, world the boundary's time on the world's groups and meshes (the wait, then torch
+    registering the default group and creating the meshes over the prebuilt groups), rollout_groups the groups vLLM's
+    re-form took from the build. Built at the boundary: the first three are its time there."""
     prefix = f"elastic/{kind}/"
     if build is None or not build.used:
         return {prefix + "build_seconds": boundary_seconds, prefix + "wait_seconds": boundary_seconds,
-                prefix + "world_seconds": boundary_seconds, prefix + "background": 0.0}
+                prefix + "world_seconds": boundary_seconds, prefix + "background": 0.0, prefix + "rollout_groups": 0.0}
     return {prefix + "build_seconds": build.build_seconds, prefix + "wait_seconds": build.waited,
-            prefix + "world_seconds": boundary_seconds, prefix + "background": 1.0}
+            prefix + "world_seconds": boundary_seconds, prefix + "background": 1.0,
+            prefix + "rollout_groups": float(build.rollout_picked_up)}
 
 
 def record_world(recorder, name: str, build: WorldBuild | None, boundary_wall: float, boundary_seconds: float) -> None:

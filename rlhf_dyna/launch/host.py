@@ -31,6 +31,16 @@ def store_host_rank(launching: bool) -> int | None:
     return None if launching or os.environ.get(AGENT_STORE_ENV) == str(True) else 0
 
 
+def shared_memory_domain() -> str:
+    """This machine as vLLM tells machines apart (processes that open each other's /dev/shm segments): the kernel's
+    boot id and /dev/shm's filesystem; where either cannot be read, this process alone (vLLM's test fails there too)."""
+    try:
+        shm = os.stat("/dev/shm")
+        return f"{Path('/proc/sys/kernel/random/boot_id').read_text().strip()}:{shm.st_dev}:{shm.st_ino}"
+    except OSError:
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def visible_gpu_count() -> int:
     """GPUs this process may use (CUDA_VISIBLE_DEVICES applied). Before CUDA is initialised torch counts them through
     NVML, which leaves forked children free to use CUDA; `torch.cuda.is_available()` would ask the driver and poison

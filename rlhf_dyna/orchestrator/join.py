@@ -141,7 +141,7 @@ def grow(runtime, membership: Membership, h: Handover, engines: dict, skeletons:
     started = time.perf_counter()
     layout = trained_layout(h.new)
     mesh = build_mesh(layout)
-    background = build is not None and build.close()
+    background = build is not None and build.close(keep_rollout=True)
     meshed_at = time.perf_counter()
     for role in engines:
         setattr(runtime, role, None)  # the old world's engine: the move's source, dropped after it
@@ -149,7 +149,7 @@ def grow(runtime, membership: Membership, h: Handover, engines: dict, skeletons:
     grown, moved, rounds = spread(runtime, h, engines, skeletons, layout, mesh)
     moved_at = time.perf_counter()
     membership.placement, membership.joiners_before = h.new.placement, h.joiners_before
-    runtime.reform_rollout(h.new.change, h.engine_tp, h.new.rollout_tp)
+    runtime.reform_rollout(h.new.change, h.engine_tp, h.new.rollout_tp, build if background else None)
     runtime.enter_world(layout, grown, h.new.placement)
     runtime.sync_weights()
     return {"meshes_seconds": meshed_at - started, "background": float(background),

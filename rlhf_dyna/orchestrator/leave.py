@@ -183,12 +183,12 @@ def change_world(runtime, membership: Membership, leaving: tuple[int, ...], name
     enter_new_world(store, membership.generation, new.change.renumbering()[rank], new.change.new_world_size, backend,
                     build)
     mesh = build_mesh(layout)
-    background = build is not None and build.close()
+    background = build is not None and build.close(keep_rollout=True)
     built_at = time.perf_counter()
     engines = engines_on(layout, staged, mesh)
     copied_at = time.perf_counter()
     membership.placement = new.placement
-    runtime.reform_rollout(new.change, runtime.rollout_layout.tp, new.rollout_tp)
+    runtime.reform_rollout(new.change, runtime.rollout_layout.tp, new.rollout_tp, build if background else None)
     runtime.enter_world(layout, engines, new.placement)
     runtime.sync_weights()
     if dist.get_rank() == 0 and runtime.run.tracker is None:

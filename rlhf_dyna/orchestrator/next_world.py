@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ..elastic.events import Event
 from ..elastic.join_world import fate, is_ready, joiner_name, post_plan, refuse, request, requests_so_far
-from ..elastic.membership import MembershipError
+from ..elastic.membership import MembershipError, NewWorld
 from ..elastic.world_builder import builds_in_background
 from ..elastic.world_prebuild import WorldBuild, WorldPlan, mesh_groups, plan_payload
 from ..parallel_layout import ParallelLayout
@@ -45,8 +45,9 @@ def prepare_next_world(runtime, membership: Membership, step: int) -> None:
         preplan_moves(runtime, left_world(membership, due[0].leaving))
     if first is None or not builds_in_background(world_transport()):
         return
-    new_rank, size, layouts, joiners = first
-    plan = WorldPlan(membership.generation + 1, size, mesh_groups(layouts, size), step)
+    new_rank, size, layouts, joiners, new = first
+    plan = WorldPlan(membership.generation + 1, size, mesh_groups(layouts, size), step,
+                     runtime.rollout_plan(new.change, new.rollout_tp))
     if dist.get_rank() == 0:
         for i, name in enumerate(joiners):
             post_plan(membership.store, name, plan_payload(plan, dist.get_world_size() + i))
@@ -56,16 +57,17 @@ def prepare_next_world(runtime, membership: Membership, step: int) -> None:
 
 
 def next_change(runtime, membership: Membership,
-                event: Event | None) -> tuple[int | None, int, list[ParallelLayout], list[str]] | None:
+                event: Event | None) -> tuple[int | None, int, list[ParallelLayout], list[str], NewWorld] | None:
     """The first change of the next boundary where it is known now (`event`: its first scripted one; else the agreed
     requests): (this rank's number in the new world or None where it leaves, the new world's size, the layouts whose
-    meshes the change builds there, the joiners' names); None: no change known, or one the boundary will refuse."""
+    meshes the change builds there, the joiners' names, the new world); None: no change known, or one the boundary
+    will refuse."""
     rank = dist.get_rank()
     try:
         if event is not None and event.leaving:
             new = left_world(membership, event.leaving)
             size = new.change.new_world_size
-            return new.change.renumbering().get(rank), size, [trained_layout(new)], []
+            return new.change.renumbering().get(rank), size, [trained_layout(new)], [], new
         if event is not None:
             first = membership.joiners_before
             joiners = [joiner_name(k) for k in range(first, first + event.joining)]
@@ -75,7 +77,7 @@ def next_change(runtime, membership: Membership,
             return None
         new = joined_world(membership, len(joiners))
         size = new.change.new_world_size
-        return rank, size, [trained_layout(new)], joiners
+        return rank, size, [trained_layout(new)], joiners, new
     except MembershipError:
         return None
 

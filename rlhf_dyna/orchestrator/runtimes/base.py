@@ -152,10 +152,15 @@ class Runtime(ABC):
     def leave_job(self) -> None:
         """This rank has left the job, its state sent: what `close` must leave alone (nothing by default)."""
 
-    def reform_rollout(self, change, engine_tp: int, tp: int) -> None:
+    def reform_rollout(self, change, engine_tp: int, tp: int, build=None) -> None:
         """Collective over the new world of `change` (elastic.membership.WorldChange), before `enter_world`: the
-        rollout engines of `engine_tp` over it, at rollout tp `tp` (nothing by default: engines outside the world stay
-        as they are)."""
+        rollout engines of `engine_tp` over it, at rollout tp `tp`, over the groups `build` (elastic.world_prebuild)
+        made for them where it built this world (nothing by default: engines outside the world stay as they are)."""
+
+    def rollout_plan(self, change, tp: int) -> tuple[tuple[int, ...], ...]:
+        """The groups `reform_rollout` will create over the new world of `change` at rollout tp `tp`, in their order,
+        for its build in the background (none by default)."""
+        return ()
 
     def enter_world(self, layout, engines: dict, placement) -> None:
         """In the new world: this rank's engines (role -> engine; roles it does not hold are absent) on `layout`, and

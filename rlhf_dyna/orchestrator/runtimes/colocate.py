@@ -19,7 +19,7 @@ from ...elastic.membership import engines_kept
 from ...parallel_layout import ParallelLayout, RolloutLayout, reached_by, switch_at
 from ...rollout.context_length import max_model_len
 from ...rollout.gpu_defaults import engine_args
-from ...rollout.reform import reform
+from ...rollout.reform import engine_is_moe, reform, vllm_groups
 from ...rollout.vllm_engine import VLLMRollout
 from ...tracking.timeline import record_step_phases
 from ...train.mesh import build_mesh
@@ -103,13 +103,20 @@ class ColocateRuntime(Runtime):
     def leave_job(self) -> None:
         self.rollout = None  # its engine goes with the process: its groups are gone, no shutdown can run
 
-    def reform_rollout(self, change, engine_tp: int, tp: int) -> None:
+    def reform_rollout(self, change, engine_tp: int, tp: int, build=None) -> None:
         """Every rank's engine re-formed over the new world where it keeps its tp and place in its TP group (a DP
-        group one replica smaller or larger), else a new engine of `tp` on every rank."""
+        group one replica smaller or larger; over `build`'s groups where it made them), else a new engine of `tp` on
+        every rank."""
         if engines_kept(change, engine_tp, tp):
-            reform(self.rollout, dist.get_rank(), dist.get_world_size())
+            reform(self.rollout, dist.get_rank(), dist.get_world_size(), build)
         else:
             self.restart_rollout(tp)
+
+    def rollout_plan(self, change, tp: int) -> tuple[tuple[int, ...], ...]:
+        """vLLM's groups of the re-formed engines (none where new engines start: they are made at the boundary)."""
+        if not engines_kept(change, self.rollout_layout.tp, tp):
+            return ()
+        return vllm_groups(tp, change.new_world_size, engine_is_moe(self.rollout))
 
     def enter_world(self, layout: ParallelLayout, engines: dict, placement) -> None:
         """After a membership change (orchestrator/leave.py, which re-formed the rollout engine's groups): this rank's

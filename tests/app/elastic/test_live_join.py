@@ -85,6 +85,7 @@ def test_grpo_a_rank_leaves_and_one_joins_and_nothing_changes_but_the_world(fixe
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     assert any("elastic/join/+1@6" in str(e.get("name", "")) for e in events), "the join is not on the run's trace"
     assert {"elastic/join/+1@6/build", "elastic/join/+1@6/world"} <= {e.get("name") for e in events}
+    assert rows[7]["elastic/join/rollout_groups"] == 12  # vLLM's 6 groups over 4, device and cpu each (rank 0's)
 
 
 @pytest.mark.timeout(900)
@@ -140,4 +141,5 @@ def test_pipeline_training_and_rollout_tp_2_drop_at_a_leave_and_return_at_a_join
     assert "training layout pp2xdp2xtp1-zero3" in log
     starts = [line.split("(")[1].split(",")[0] for line in log.splitlines() if "starting vLLM" in line]
     assert starts == ["tp=2", "tp=1", "tp=2"], starts
+    assert rows[4]["elastic/leave/rollout_groups"] == rows[7]["elastic/join/rollout_groups"] == 0  # new engines
     assert "starting vLLM (tp=2" in (run_dir / "logs" / "rank4.log").read_text()  # the joiner, in the new world

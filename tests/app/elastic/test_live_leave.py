@@ -72,6 +72,7 @@ def assert_built_in_background(row: dict, run_dir: Path, name: str) -> None:
     assert row["elastic/leave/background"] == 1.0
     assert row["elastic/leave/wait_seconds"] <= 0.1 * row["elastic/leave/build_seconds"], "the build was not hidden"
     assert row["elastic/leave/world_seconds"] > row["elastic/leave/wait_seconds"]
+    assert row["elastic/leave/rollout_groups"] == 12  # vLLM's world, TP, DCP, PCP, PP, DP: device and cpu group each
     trace = json.loads((run_dir / "transition_trace.json").read_text())["traceEvents"]
     assert {f"{name}/build", f"{name}/world"} <= {e["name"] for e in trace}
 
@@ -104,6 +105,7 @@ def test_tensor_parallel_training_and_rollout_lose_two_ranks_and_keep_their_tp(f
         kill_marked(run_dir)
     assert_same_metrics(fixed, left)
     assert [r.get("elastic/world_size") for r in left[1:]] == [4.0, 4.0, 2.0, 2.0]
+    assert left[3]["elastic/leave/rollout_groups"] == 12  # the kept engines' groups at tp 2 came from the build
     assert "training layout dp1xtp2-zero3" in (run_dir / "logs" / "rank0.log").read_text()
 
 
@@ -137,6 +139,7 @@ def test_a_rank_that_receives_sigterm_leaves_at_the_next_boundary(fixed, tmp_pat
     assert change["elastic/leave/background"] == 0.0
     assert change["elastic/leave/wait_seconds"] == change["elastic/leave/build_seconds"] == \
         change["elastic/leave/world_seconds"] > 0
+    assert change["elastic/leave/rollout_groups"] == 0.0  # vLLM's groups too
     assert_same_metrics(fixed, rows)
     assert f"elastic/leave/2@{left_after}: rank 2 left the job" in (run_dir / "logs" / "rank2.log").read_text()
 
