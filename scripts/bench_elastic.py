@@ -220,7 +220,8 @@ def cost_run(tmp: Path, recipe: str, replicas: int, repeat: int) -> dict:
     if replicas:  # the copy and the wait for the previous send are on the loop's path; the send runs beside it
         out["on_path_seconds"] = mean([r["elastic/snapshot/copy_seconds"] + r["elastic/snapshot/wait_seconds"]
                                        for r in steps])
-        for name, key in (("snapshot_seconds", "seconds"), ("cpu_seconds", "cpu_seconds"), ("write_seconds", "write_seconds")):
+        for name, key in (("snapshot_seconds", "seconds"), ("cpu_seconds", "cpu_seconds"),
+                          ("write_seconds", "write_seconds")):
             out[name] = mean([r[f"elastic/snapshot/{key}"] for r in steps])
         out["snapshot_bytes"] = steps[-1]["elastic/snapshot/bytes"]
         for key in ("host", "replica", "disk", "peak_host"):
@@ -234,10 +235,11 @@ def snapshot_cost(tmp: Path, recipe: str, repeats: int) -> dict:
     count) is shown, every pair listed."""
     pairs = []
     for repeat in range(repeats):
-        runs = {replicas: cost_run(tmp, recipe, replicas, repeat) for replicas in ((0, 1) if repeat % 2 == 0 else (1, 0))}
-        with_replicas = {k: v for k, v in runs[1].items() if k != "step_seconds"}
-        pairs.append({"replicas0_step_seconds": runs[0]["step_seconds"], "replicas1_step_seconds": runs[1]["step_seconds"],
-                      "step_time_change": runs[1]["step_seconds"] / runs[0]["step_seconds"] - 1, **with_replicas})
+        order = (0, 1) if repeat % 2 == 0 else (1, 0)
+        runs = {replicas: cost_run(tmp, recipe, replicas, repeat) for replicas in order}
+        without, with_replicas = runs[0].pop("step_seconds"), runs[1].pop("step_seconds")
+        pairs.append({"replicas0_step_seconds": without, "replicas1_step_seconds": with_replicas,
+                      "step_time_change": with_replicas / without - 1, **runs[1]})
     out = dict(sorted(pairs, key=lambda p: p["step_time_change"])[(len(pairs) - 1) // 2])
     for key in ("snapshot", "on_path", "cpu"):
         out[f"{key}_over_step"] = out[f"{key}_seconds"] / out["replicas0_step_seconds"]
@@ -267,7 +269,8 @@ def recovery_main(out: Path, load: tuple[float, ...], note: str, repeats: int) -
         print(f"{recipe}: step time change of each A/B pair: "
               + ", ".join(f"{100 * p['step_time_change']:+.1f}%" for p in c["pairs"]))
         print(f"{recipe}: step {c['replicas0_step_seconds']:.3f} s without replicas, {c['replicas1_step_seconds']:.3f} s "
-              f"with ({100 * c['step_time_change']:+.1f}%, the median pair); on the loop's path {c['on_path_seconds']:.4f} s "
+              f"with ({100 * c['step_time_change']:+.1f}%, the median pair); on the loop's path "
+              f"{c['on_path_seconds']:.4f} s "
               f"({100 * c['on_path_over_step']:.1f}% of a step); the send beside it {c['snapshot_seconds']:.3f} s, "
               f"{c['cpu_seconds']:.4f} CPU seconds in all, "
               f"{c['snapshot_bytes'] / 2**20:.2f} MiB sent, the own copy written to disk {c['write_seconds']:.3f} s; per rank "
