@@ -213,7 +213,7 @@ class ElasticConfig:
     # admit elastic.join=RUN_DIR processes at step boundaries: true | false | null (auto: where the run can take a
     # join live; job.py resolves it before spawn, checks/elastic.join_refusal says why not)
     accept_joins: Optional[bool] = None
-    # survive a lost rank (docs/elastic.md, "Replicas and recovery"): 1 = each rank's shard of every training role's
+    # survive a lost rank (docs/elastic/recovery.md): 1 = each rank's shard of every training role's
     # state also held in host memory by the next rank, refreshed every snapshot_every steps; 0 = off
     replicas: int = 0
     snapshot_every: int = 1

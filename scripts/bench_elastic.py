@@ -22,9 +22,9 @@ Every path runs `--repeats` times (default 3), one after another; the JSON and t
 median sum of both ratios, and list every repeat's ratios.
 
     python scripts/bench_elastic.py --out docs/bench/bench_elastic.json --note "what else ran on the machine"
-    python scripts/docs_tables.py        # docs/elastic.md's table from the JSON
+    python scripts/docs_tables.py        # docs/elastic/benchmarks.md's tables from the JSON
 
-With `--part recovery` (elastic.replicas=1, docs/elastic.md "Replicas and recovery"), on 4 ranks of the same recipe:
+With `--part recovery` (elastic.replicas=1, docs/elastic/recovery.md), on 4 ranks of the same recipe:
 - recovery: `kill -9` of rank 2 a moment after step 5 is logged (snapshots every step); from the kill to step 6's
   metrics row of the same run (the survivors' recovery and the step redone), with step 6's breakdown
   `elastic/recovery/{detect,world,move,rollout,snapshot}_seconds`;

@@ -1,4 +1,4 @@
-"""Write every table that README.md and docs/bench/*.md show from committed JSON, between its markers.
+"""Write every table that README.md and the pages under docs/ show from committed JSON, between its markers.
 
     python scripts/docs_tables.py           # regenerate them all in place (after committing a new benchmark JSON)
     python scripts/docs_tables.py --check   # change nothing; exit 1 naming each table that differs from its JSON
@@ -56,11 +56,13 @@ TABLES: dict[str, dict[str, Callable[[], str]]] = {
         "train_phase": lambda: speed_tables.train_phase(BENCH),
     },
     "docs/reward_models.md": {"rm_pipeline": lambda: doc_tables.rm_pipeline(_json("rm_pipeline.json"))},
-    "docs/elastic.md": {
-        "membership_planning": lambda: elastic_tables.membership_planning(BENCH),
+    "docs/elastic/dry_runs.md": {
         "dry_run_grpo_70b": lambda: elastic_tables.elastic_dry_run(BENCH, "grpo_70b"),
         "dry_run_ppo_235b_moe": lambda: elastic_tables.elastic_dry_run(BENCH, "ppo_235b_moe"),
-        "torchft_probe": lambda: elastic_tables.torchft_probe(BENCH),
+        "membership_planning": lambda: elastic_tables.membership_planning(BENCH),
+    },
+    "docs/elastic/torchft.md": {"torchft_probe": lambda: elastic_tables.torchft_probe(BENCH)},
+    "docs/elastic/benchmarks.md": {
         "bench_elastic": lambda: elastic_tables.bench_elastic(BENCH),
         "recovery_paths": lambda: elastic_tables.recovery_paths(BENCH),
         "snapshot_cost": lambda: elastic_tables.snapshot_cost(BENCH),

@@ -34,7 +34,7 @@ DIMENSIONS = {
 
 def live_problems(cfg: Config, worlds: list[tuple[Event, NewWorld]], under_torchrun: bool = False) -> list[str]:
     """What of a run with these changes (each event with the world after it) a live run cannot execute yet
-    (docs/elastic.md); [] = it can."""
+    (docs/elastic/membership.md); [] = it can."""
     t, problems, split = cfg.parallel.train, [], cfg.placement.policy == "split"
     if cfg.placement.policy not in ("colocate", "split", "lend"):
         problems.append(f"placement={cfg.placement.policy}")

@@ -1,5 +1,5 @@
-"""Checks of elastic.replicas, elastic.snapshot_every and elastic.recover_from_checkpoint (docs/elastic.md, "Replicas and
-recovery"): the values, a world that has a second rank to hold the replicas (and survivors to go on), checkpoints to
+"""Checks of elastic.replicas, elastic.snapshot_every and elastic.recover_from_checkpoint (docs/elastic/recovery.md):
+the values, a world that has a second rank to hold the replicas (and survivors to go on), checkpoints to
 load in place, and what recovery from a lost rank runs with in this first version."""
 from __future__ import annotations
 

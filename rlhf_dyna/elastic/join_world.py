@@ -1,4 +1,4 @@
-"""A joining rank and the running world meet on the job's store (live part of a join; docs/elastic.md).
+"""A joining rank and the running world meet on the job's store (live part of a join; docs/elastic/join.md).
 
     store = job_client_store()                            # every process: a client of the job's TCPStore
     name = joiner_name(k)                                 # scripted joiner k; request_name(store) for elastic.join

@@ -20,7 +20,7 @@ rule); after that return the manager settles and keeps the split for the rest of
 A move's predicted seconds (`move_seconds`): the state's planned bytes at the measured bandwidth, plus, when ranks
 join the rollout set, an engine start and a weight sync into it.
 
-A change of world (ranks leave or join, docs/elastic.md) re-plans the manager over the new world (`over`): its
+A change of world (ranks leave or join, docs/elastic/placements.md) re-plans the manager over the new world (`over`): its
 candidates are the new world's splits, it starts on the split the change mapped the sets to, and the hysteresis
 begins anew (the splits left were the old world's); the phase times measured so far carry over by set size (a set of
 n ranks generates or trains the step's fixed batch as fast in any world), so the first decision there is informed.

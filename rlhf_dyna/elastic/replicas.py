@@ -1,5 +1,5 @@
 """Replicas of the training state as a VPS layout, and the recovery from a lost rank as a VPS plan (pure; the live part
-is orchestrator/recovery.py and transition/replica_state.py; docs/elastic.md, "Replicas and recovery").
+is orchestrator/recovery.py and transition/replica_state.py; docs/elastic/recovery.md).
 
 With elastic.replicas=1 every rank's shard of each training role's state (a train `ParallelSpec`) is also held, in
 host memory, by the next rank of the world (a ring: rank r's shard lives on r + 1 mod W too). That copy is the same

@@ -1,5 +1,5 @@
 """The new world's process groups built in the background, during the step before its boundary (gloo; the live part
-of a membership change, docs/elastic.md).
+of a membership change, docs/elastic/background_world.md).
 
     plan = WorldPlan(generation, world_size, mesh_groups([layout], world_size))   # the same on every process
     build = WorldBuild(plan, rank).start()       # every process of the new world, at the start of the step before

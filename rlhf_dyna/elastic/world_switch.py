@@ -7,7 +7,7 @@ store once the old world is gone (a leave moves the state first, into a mesh ove
     ... the state moves by VPS plan over the old world into engines on `mesh`; the old world is destroyed ...
     enter_new_world(store, generation=1, rank=new_rank, world_size=3, backend="gloo", build=build)  # survivors only
 
-gloo cannot shrink a group (`dist.shrink_group` refuses it: docs/elastic.md), so the new world is a new default group
+gloo cannot shrink a group (`dist.shrink_group` refuses it: docs/elastic/torchft.md), so the new world is a new default group
 over `PrefixStore("rlhf_dyna/world<generation>", store)`. With `build` (elastic.world_prebuild: the new world's groups
 built in the background during the step before) that is this world's, the new default group and the meshes built
 until `build.close()` take its groups; otherwise (NCCL, a change not known in advance) they are built here. The

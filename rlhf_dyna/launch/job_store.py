@@ -1,6 +1,6 @@
 """The job's TCPStore, served from the launcher's process (launch/spawn.py), as torchrun's agent serves its agent
 store: the ranks (env:// with TORCHELASTIC_USE_AGENT_STORE=True), the joiners and every `elastic.join=RUN_DIR`
-process are its clients, so no rank's process holds it and any rank may leave the job (docs/elastic.md).
+process are its clients, so no rank's process holds it and any rank may leave the job (docs/elastic/leave.md).
 
 The launcher starts it after forking the ranks: its server is a thread, and a process forked while a thread runs may
 inherit a lock that thread held (launch/fork.py forks from a launcher without threads). The ranks connect to the

@@ -1,5 +1,5 @@
 """`RUN_DIR/join.json`: what a process started with `python -m rlhf_dyna elastic.join=RUN_DIR` needs to join a running
-job (docs/elastic.md): the job's store address, its run ident, its resolved config, the host it runs on, and whether it
+job (docs/elastic/join_requests.md): the job's store address, its run ident, its resolved config, the host it runs on, and whether it
 is still running.
 
 For a job that admits joins (elastic.accept_joins) the launcher (launch/spawn.py) writes it when the ranks start and

@@ -1,4 +1,4 @@
-"""The joiners' deaths as the launcher sees them (docs/elastic.md): a joining process that dies before the world admits
+"""The joiners' deaths as the launcher sees them (docs/elastic/faults.md): a joining process that dies before the world admits
 it is dropped (the world goes on without it, and the launcher says so); one that dies after is a lost rank of the new
 world (survived from the replicas or a checkpoint where the run keeps them, else the run stops).
 

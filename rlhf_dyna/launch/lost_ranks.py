@@ -1,5 +1,5 @@
-"""The launcher's side of surviving a lost rank (elastic.replicas=1 or elastic.recover_from_checkpoint; docs/elastic.md,
-"Replicas and recovery").
+"""The launcher's side of surviving a lost rank (elastic.replicas=1 or elastic.recover_from_checkpoint; docs/elastic/recovery.md,
+"Detection").
 
 When a rank's process dies, `spawn_ranks` does not stop the run at once: it waits a moment for other deaths of the
 same failure (a node's ranks die together), then decides. Recoverable (a survivor left, the survivors of the previous

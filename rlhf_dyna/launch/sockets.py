@@ -1,5 +1,5 @@
 """Shut this process's TCP connections of a broken world, so that a thread blocked in one of its gloo operations gets
-out at once (docs/elastic.md, "Replicas and recovery").
+out at once (docs/elastic/recovery.md, "Detection").
 
 torch 2.13's ProcessGroupGloo has no abort of its own (`Backend::abort` and `shutdown` are no-ops for gloo; only a
 pending send or receive `Work` can be aborted, and a collective's cannot), and a collective waits for a peer that is

@@ -1,4 +1,4 @@
-"""RUN_DIR/join.json under torchrun (docs/elastic.md): no launcher of ours runs, so rank 0 writes it when the ranks
+"""RUN_DIR/join.json under torchrun (docs/elastic/join_requests.md): no launcher of ours runs, so rank 0 writes it when the ranks
 start and rank 0 of the last world marks it finished when the run ends (launch/join_file.py).
 
 The address is the one every rank reached the job's store at: MASTER_ADDR:MASTER_PORT, torchrun's agent store where

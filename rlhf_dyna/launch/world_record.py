@@ -1,5 +1,5 @@
-"""Which process is which rank of the current world, as the ranks publish it on the job's store (docs/elastic.md,
-"Replicas and recovery"): the launcher reads it before each decision on a lost rank (launch/lost_ranks.py).
+"""Which process is which rank of the current world, as the ranks publish it on the job's store (docs/elastic/faults.md,
+"Membership changes beside recovery"): the launcher reads it before each decision on a lost rank (launch/lost_ranks.py).
 
     world = {"n": 2, "members": [0, 2, 4, "request0"], "changing": false}
 

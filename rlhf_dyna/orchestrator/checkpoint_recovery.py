@@ -1,7 +1,7 @@
 """A lost rank's state loaded from the newest complete checkpoint in place, without a restart: the survivors' side
 where no surviving replica holds a lost piece (elastic.replicas=0 with elastic.recover_from_checkpoint, or a replica
-holder lost too; orchestrator/recovery.py calls it once the survivors are in their new world; docs/elastic.md,
-"Replicas and recovery").
+holder lost too; orchestrator/recovery.py calls it once the survivors are in their new world; docs/elastic/recovery.md,
+"From the checkpoint in place").
 
 The survivors build empty engines on the new world's mesh and load the checkpoint into them as `trainer.resume` of
 it on the surviving world would (orchestrator/resume.restore_run: DCP reshards into the new layout; the RNGs, the

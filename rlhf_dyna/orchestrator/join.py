@@ -1,4 +1,4 @@
-"""A live join at a step boundary (placement=colocate, split or lend; docs/elastic.md): new ranks enter the job, every
+"""A live join at a step boundary (placement=colocate, split or lend; docs/elastic/join.md): new ranks enter the job, every
 training role's state spreads over its larger set by VPS plan (colocate: the whole world; split: the training set,
 which the joiners extend), and the run goes on with the same global batch.
 

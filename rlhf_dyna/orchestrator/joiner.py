@@ -1,4 +1,4 @@
-"""A joining rank's process (placement=colocate, split or lend; docs/elastic.md): started by the launcher beside the world
+"""A joining rank's process (placement=colocate, split or lend; docs/elastic/join.md): started by the launcher beside the world
 (`elastic.events=[...,join@S]`), it prepares without the world, waits on the job's store for its boundary, enters
 the new world there (orchestrator/join.py) and runs the remaining steps as any rank does.
 

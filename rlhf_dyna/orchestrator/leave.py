@@ -1,4 +1,4 @@
-"""A live leave at a step boundary (placement=colocate, split or lend; docs/elastic.md): ranks leave the job, their share of
+"""A live leave at a step boundary (placement=colocate, split or lend; docs/elastic/leave.md): ranks leave the job, their share of
 every training role's state moves to the survivors of its set by VPS plan, and the survivors go on in a smaller world.
 
 At the boundary, on every rank of the old world, for each change due (`elastic.events` entries `leave:R@S` after step

@@ -1,4 +1,4 @@
-"""The run's world as it changes (placement=colocate, split or lend; docs/elastic.md): its placement, the preferred layout and
+"""The run's world as it changes (placement=colocate, split or lend; docs/elastic/membership.md): its placement, the preferred layout and
 rollout tp, the scripted changes, the job's store, and which worlds this process has been part of. Held by the
 runtime; the leave (orchestrator/leave.py) and the join (orchestrator/join.py) read and advance it."""
 from __future__ import annotations

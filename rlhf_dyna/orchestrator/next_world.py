@@ -1,5 +1,5 @@
 """The next boundary's world, known at the start of the step before it and built in the background during that step
-(placement=colocate, split or lend; docs/elastic.md).
+(placement=colocate, split or lend; docs/elastic/background_world.md).
 
 At the start of step S (after the changes of its boundary), on every rank of the world:
 1. elastic.join=RUN_DIR processes prepared by now are agreed on for the boundary after S (rank 0 reads the store, one

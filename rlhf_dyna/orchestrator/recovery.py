@@ -1,5 +1,5 @@
 """Surviving a lost rank (elastic.replicas=1 or elastic.recover_from_checkpoint, placement=colocate, lend or split;
-docs/elastic.md, "Replicas and recovery"; under lend the snapshot is of the step's end, every role at home, and the
+docs/elastic/recovery.md; under lend the snapshot is of the step's end, every role at home, and the
 new world's lend sets come with its placement, Runtime.enter_world; under split each set shrinks to its survivors,
 and a rollout rank, which holds no role, takes part in the ring with each role's shell; a frozen reward model gets no
 replica: it is loaded again from its files).

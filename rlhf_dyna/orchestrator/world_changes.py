@@ -1,4 +1,4 @@
-"""The changes of world at a step boundary, in order (placement=colocate, split or lend; docs/elastic.md): the scripted events
+"""The changes of world at a step boundary, in order (placement=colocate, split or lend; docs/elastic/membership.md): the scripted events
 due (`leave:R@S`: orchestrator/leave.py; `join@S`: orchestrator/join.py), then the ranks that received SIGTERM, then
 the `elastic.join=RUN_DIR` processes agreed on at the start of the step before (orchestrator/next_world.py); then the
 next boundary's first change is prepared (next_world: its world built in the background during the step).

@@ -1,5 +1,5 @@
 """Host-memory snapshots of a training role's state and its replica on the next rank, and the rebuild of the role on
-the survivors of lost ranks from them (the pure plans: elastic/replicas.py; docs/elastic.md, "Replicas and recovery").
+the survivors of lost ranks from them (the pure plans: elastic/replicas.py; docs/elastic/recovery.md).
 
     snap = take_snapshot(engine)                  # local: this rank's shard copied to host memory (own)
     moved = send_replicas({"actor": snap}, group) # collective over `group`: own -> the next rank's replica

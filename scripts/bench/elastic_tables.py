@@ -1,7 +1,7 @@
-"""Markdown tables of docs/elastic.md from its committed JSON (scripts/docs_tables.py writes them between markers):
-membership planning time, the dry run's membership changes, the torchft probe, a live leave and join against
-checkpoint-and-restart (scripts/bench_elastic.py), and a lost rank's recovery against kill-and-relaunch with the
-snapshots' cost and memory (`bench_elastic.py --part recovery`)."""
+"""Markdown tables of docs/elastic/dry_runs.md, torchft.md and benchmarks.md from their committed JSON
+(scripts/docs_tables.py writes them between markers): membership planning time, the dry run's membership changes,
+the torchft probe, a live leave and join against checkpoint-and-restart (scripts/bench_elastic.py), and a lost rank's
+recovery against kill-and-relaunch with the snapshots' cost and memory (`bench_elastic.py --part recovery`)."""
 from __future__ import annotations
 
 import json
@@ -25,7 +25,7 @@ def membership_planning(bench: Path) -> str:
         lines.append(f"| {name} | {c['src']} -> {c['dst']} | {c['moved_GB']:.0f} {check} {c['min_GB']:.0f} | "
                      f"{c['rounds']} | **{c['best_cpu_s']:.3f}** ({runs}) | < {c['target_s']} s |")
     load = ", ".join(f"{x:.1f}" for x in report["load_average_start"])
-    return "\n".join(lines) + (f"\n\nData: `bench/bench_membership_plan.json` ({report['date']}, "
+    return "\n".join(lines) + (f"\n\nData: `docs/bench/bench_membership_plan.json` ({report['date']}, "
                                f"{report['machine']}, load average {load} at the start).")
 
 
@@ -40,7 +40,7 @@ def elastic_dry_run(bench: Path, recipe: str) -> str:
         lines.append(f"| {r['transition']} | {r['change']} | {', '.join(r['roles'])} | {r['bytes_total'] / GB:.0f} | "
                      f"{r['bytes_moved'] / GB:.0f} {check} {r['bytes_min'] / GB:.0f} | {r['rounds']} | "
                      f"{r['peak_extra_bytes'] / GB:.1f} | **{r['predicted_s']:.2f}** |")
-    return "\n".join(lines) + (f"\n\nData: `bench/dryrun_elastic_{recipe}.json` ({report['date']}; predictions of the "
+    return "\n".join(lines) + (f"\n\nData: `docs/bench/dryrun_elastic_{recipe}.json` ({report['date']}; predictions of the "
                                f"cost model, not measurements): `{report['command']}`.")
 
 
@@ -54,7 +54,7 @@ def torchft_probe(bench: Path) -> str:
                 r["value"][0], str) else r["value"]
             lines.append(f"| {probe} | {r['who']} | {r['what']} | {result} | {'' if value is None else value} | "
                          f"{r['seconds']:.3f} |")
-    return "\n".join(lines) + (f"\n\nData: `bench/probe_torchft.json` ({report['date']}, {report['machine']}, "
+    return "\n".join(lines) + (f"\n\nData: `docs/bench/probe_torchft.json` ({report['date']}, {report['machine']}, "
                                f"torch {report['torch']}, torchft {report['torchft']}).")
 
 
@@ -106,13 +106,13 @@ def bench_elastic(bench: Path) -> str:
              "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in rows)]
     load = ", ".join(f"{x:.1f}" for x in report["load_average_at_start"])
     note = f"; {report['note']}" if report.get("note") else ""
-    return "\n".join(lines) + (f"\n\nData: `bench/bench_elastic.json` ({report['date']}, {report['machine']}, load average "
+    return "\n".join(lines) + (f"\n\nData: `docs/bench/bench_elastic.json` ({report['date']}, {report['machine']}, load average "
                                f"{load} at the start{note}): `python scripts/bench_elastic.py --out "
                                f"docs/bench/bench_elastic.json`.")
 
 
 def recovery_paths(bench: Path) -> str:
-    """The recovery from a killed rank against kill-and-relaunch (`bench/bench_recovery.json`)."""
+    """The recovery from a killed rank against kill-and-relaunch (`docs/bench/bench_recovery.json`)."""
     report = read(bench, "bench_recovery.json")
     rec, restart = report["recovery"], report["kill_and_relaunch"]
     rows = [
@@ -165,7 +165,7 @@ def snapshot_cost(bench: Path) -> str:
     lines += [f"| {what} | {' | '.join(cell(c) for c in costs.values())} |" for what, cell in rows]
     load = ", ".join(f"{x:.1f}" for x in report["load_average_at_start"])
     note = f"; {report['note']}" if report.get("note") else ""
-    return "\n".join(lines) + (f"\n\nData: `bench/bench_recovery.json` ({report['date']}, {report['machine']}, load "
+    return "\n".join(lines) + (f"\n\nData: `docs/bench/bench_recovery.json` ({report['date']}, {report['machine']}, load "
                                f"average {load} at the start{note}): `python scripts/bench_elastic.py --part recovery "
                                f"--out docs/bench/bench_recovery.json`.")
 

@@ -24,7 +24,7 @@ part) and `rebalance/lost_seconds`, the wall time the step lost to it (staleness
 train set's part beyond the step's generation, whichever is larger; staleness 1: at most the larger part), with
 `rebalance/transition_share` = lost / that step's seconds.
 
-A change of world (docs/elastic.md) maps the current split's sets; no move is made at a boundary where one is known
+A change of world (docs/elastic/placements.md) maps the current split's sets; no move is made at a boundary where one is known
 to come (its world was built for the current split), `before_change` ends the old world's background work and shares
 rank 0's manager, and `enter_world` re-plans the candidate splits, their builder and the manager over the new world.
 """

@@ -1,7 +1,7 @@
 """End to end: ranks leave and join a live placement=split run (4 gloo ranks: vLLM engines on ranks 0-1, FSDP2
 training of the actor and its reference on ranks 2-3), `elastic.events=[leave:R@2,join@3]`.
 
-A leave shrinks the set the rank left and joiners extend the training set (docs/elastic.md, "A change of world"):
+A leave shrinks the set the rank left and joiners extend the training set (docs/elastic/placements.md, "Under split"):
 - a training rank leaves (`leave:3@2`): its share of the actor's parameters and AdamW moments and of the reference
   moves to the training set's survivor (dp 2 -> 1), the rollout engines stay; the joiner enters the training set again
   (dp 1 -> 2) and starts no vLLM engine of its own;

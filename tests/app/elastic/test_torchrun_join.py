@@ -1,5 +1,5 @@
 """End to end under torchrun (`--standalone`, 3 gloo ranks, the agent's store): processes started by hand with
-`python -m rlhf_dyna elastic.join=RUN_DIR` ask to join (launch/torchrun_join.py, docs/elastic.md).
+`python -m rlhf_dyna elastic.join=RUN_DIR` ask to join (launch/torchrun_join.py, docs/elastic/join_requests.md).
 
 One torchrun job, two joining processes, started together after its step 2 (so at least 3 steps run on 3 ranks), and
 the same job without them beside it. The one that asks first kills itself (a real SIGKILL, RLHF_DYNA_KILL_AT) once
