@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,9 +41,9 @@ from ..vps.plan import build_plan
 from ..vps.schedule import build_schedule
 from ..vps.spec import ParallelSpec, placed_on
 from ..vps.tensor import Kind
-from .bind_train import bind_train_buffers, state_kinds, train_spec
+from .bind_train import bind_train_buffers, buffer_name, local_tensor, state_kinds, train_spec
 from .executor import execute, prepare
-from .flat_shards import empty, pack, shard_index, unpack
+from .flat_shards import ShardIndex, empty, pack, shard_index, unpack
 from .relayout import bind_train_state
 from .trace import TraceRecorder
 from .role_move import optimizer_step, prepare_optimizer, role_catalog
@@ -78,16 +79,44 @@ class RoleSnapshot:
         return unpack(shard_index(self.catalog, ring_spec(self.spec, self.world_size), self.kinds, rank), self.replica)
 
 
+@dataclass(frozen=True)
+class Bound:
+    """An engine's live state as the last snapshot bound it: reused while it is the same tensors in the same world."""
+
+    live: tuple[weakref.ref, ...]  # the state's tensors and their local shards (weak: an engine's old state may go)
+    world: tuple[int, int]  # (rank, world size)
+    names: tuple[str | None, ...]  # each state entry's buffer name (None: an empty trailing FSDP chunk)
+    spec: ParallelSpec
+    catalog: ModelCatalog
+    kinds: tuple[Kind, ...]
+    index: ShardIndex
+
+    def holds(self, tensors: tuple[Tensor, ...], world: tuple[int, int]) -> bool:
+        return world == self.world and len(tensors) == len(self.live) and all(
+            r() is t for r, t in zip(self.live, tensors))
+
+
+_BOUND: weakref.WeakKeyDictionary[TrainEngine, Bound] = weakref.WeakKeyDictionary()
+
+
 def take_snapshot(engine: TrainEngine) -> RoleSnapshot:
     """This rank's shard of `engine`'s state copied to new host buffers (local): a snapshot in progress never
-    overwrites the one a recovery would fall back to."""
-    state = bind_train_state(engine)
-    kinds = state_kinds(state)
-    spec, catalog, rank = train_spec(state), role_catalog(engine), dist.get_rank()
-    index = shard_index(catalog, spec, kinds, rank)
-    live = bind_train_buffers({k: t for k, t in state.items() if k[1] in {x.value for x in kinds}}, index.layout,
-                              rank, expected=index.buffers)
-    return RoleSnapshot(spec, dist.get_world_size(), kinds, optimizer_step(engine), catalog, pack(index, live))
+    overwrites the one a recovery would fall back to. The binding (spec, catalog, layout index, checks) is the last
+    snapshot's while the engine holds the same tensors: a relayout, a move or the first moments bind anew."""
+    state, world = bind_train_state(engine), (dist.get_rank(), dist.get_world_size())
+    tensors = (*state.values(), *map(local_tensor, state.values()))
+    bound = _BOUND.get(engine)
+    if bound is None or not bound.holds(tensors, world):
+        kinds = state_kinds(state)
+        spec, catalog = train_spec(state), role_catalog(engine)
+        index = shard_index(catalog, spec, kinds, world[0])
+        live = bind_train_buffers({k: t for k, t in state.items() if k[1] in {x.value for x in kinds}}, index.layout,
+                                  world[0], expected=index.buffers)
+        names = tuple(buffer_name(k) if buffer_name(k) in live else None for k in state)
+        bound = _BOUND[engine] = Bound(tuple(map(weakref.ref, tensors)), world, names, spec, catalog, kinds, index)
+    shards = {name: t for name, t in zip(bound.names, tensors[len(state):]) if name is not None}
+    return RoleSnapshot(bound.spec, world[1], bound.kinds, optimizer_step(engine), bound.catalog,
+                        pack(bound.index, shards))
 
 
 def send_replicas(snaps: Mapping[str, RoleSnapshot], group: dist.ProcessGroup | None = None,
