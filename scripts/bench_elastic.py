@@ -33,12 +33,16 @@ With `--part recovery` (elastic.replicas=1, docs/elastic/recovery.md), on 4 rank
 - kill and relaunch: the same kill in a run without replicas that checkpoints every 5 steps; from the kill to the
   launcher's exit (the run stops), and from there a relaunch on the 3 ranks left with `trainer.resume` of step 5 to
   step 6's row (the relaunch's imports, vLLM start-up, the checkpoint load, step 6);
-- the snapshots' cost: grpo_tiny and ppo_tiny, 12 steps each with elastic.replicas=1 and =0: the mean step time
-  (`timing_s/step`, steps 2-12) of each; the snapshot's part on the loop's path after the step (the copy to host
-  memory and the wait for the previous send: `elastic/snapshot/{copy,wait}_seconds`) and its send, which runs beside
-  the next step (`elastic/snapshot/seconds`, the own copy's write to node-local disk after the commit included:
-  `write_seconds`), over the mean step without replicas; rank 0's host memory for the snapshots (`host_bytes`: the
-  replica it holds, `peak_host_bytes` while a snapshot is sent) and its bytes on disk (`disk_bytes`).
+- the snapshots' cost: grpo_tiny and ppo_tiny, 12 steps each with elastic.replicas=0 and =1, in `--repeats` A/B pairs
+  (default 3) run back to back, the order alternating from pair to pair: the mean step time (`timing_s/step`, steps
+  2-12) of each run and each pair's change; the pair with the median change is shown, every pair listed. Of that
+  pair's run with replicas: the snapshot's part on the loop's path after the step (the copy to host memory and the
+  wait for the previous send: `elastic/snapshot/{copy,wait}_seconds`) and its send, which runs beside the next step
+  (`elastic/snapshot/seconds`, the own copy's write to node-local disk after the commit included: `write_seconds`),
+  over the mean step without replicas; the CPU seconds a snapshot costs rank 0's Python threads (`cpu_seconds`: the
+  copy and the snapshot thread, a figure the machine's load changes little); rank 0's host memory for the snapshots
+  (`host_bytes`: the replica it holds, `peak_host_bytes` while a snapshot is sent) and its bytes on disk
+  (`disk_bytes`).
 
     python scripts/bench_elastic.py --part recovery --out docs/bench/bench_recovery.json --note "..."
 """
@@ -207,35 +211,51 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def snapshot_cost(tmp: Path, recipe: str) -> dict:
-    out = {}
-    for replicas in (0, 1):
-        run_dir = tmp / f"{recipe}_{replicas}"
-        finish(app(run_dir, f"recipe={recipe}", "parallel.world_size=4", "trainer.total_steps=12",
-                   f"elastic.replicas={replicas}"))
-        steps = rows(run_dir)[2:]  # step 1 pays one-off costs
-        out[f"replicas{replicas}_step_seconds"] = mean([r["timing_s/step"] for r in steps])
-        if replicas:  # the copy and the wait for the previous send are on the loop's path; the send runs beside it
-            out["on_path_seconds"] = mean([r["elastic/snapshot/copy_seconds"] + r["elastic/snapshot/wait_seconds"]
-                                           for r in steps])
-            out["snapshot_seconds"] = mean([r["elastic/snapshot/seconds"] for r in steps])
-            out["snapshot_bytes"] = steps[-1]["elastic/snapshot/bytes"]
-            out["host_bytes_per_rank"] = steps[-1]["elastic/snapshot/host_bytes"]
-            out["replica_bytes_per_rank"] = steps[-1]["elastic/snapshot/replica_bytes"]
-            out["disk_bytes_per_rank"] = steps[-1]["elastic/snapshot/disk_bytes"]
-            out["peak_host_bytes_per_rank"] = steps[-1]["elastic/snapshot/peak_host_bytes"]
-            out["write_seconds"] = mean([r["elastic/snapshot/write_seconds"] for r in steps])
-    out["snapshot_over_step"] = out["snapshot_seconds"] / out["replicas0_step_seconds"]
-    out["on_path_over_step"] = out["on_path_seconds"] / out["replicas0_step_seconds"]
-    out["step_time_change"] = out["replicas1_step_seconds"] / out["replicas0_step_seconds"] - 1
+def cost_run(tmp: Path, recipe: str, replicas: int, repeat: int) -> dict:
+    """One run of `recipe` on 4 ranks, 12 steps: its mean step (steps 2-12; step 1 pays one-off costs) and, with
+    replicas, the snapshot's figures (rank 0)."""
+    run_dir = tmp / f"{recipe}_{replicas}_{repeat}"
+    finish(app(run_dir, f"recipe={recipe}", "parallel.world_size=4", "trainer.total_steps=12",
+               f"elastic.replicas={replicas}"))
+    steps = rows(run_dir)[2:]
+    out = {"step_seconds": mean([r["timing_s/step"] for r in steps])}
+    if replicas:  # the copy and the wait for the previous send are on the loop's path; the send runs beside it
+        out["on_path_seconds"] = mean([r["elastic/snapshot/copy_seconds"] + r["elastic/snapshot/wait_seconds"]
+                                       for r in steps])
+        for name, key in (("snapshot_seconds", "seconds"), ("cpu_seconds", "cpu_seconds"),
+                          ("write_seconds", "write_seconds")):
+            out[name] = mean([r[f"elastic/snapshot/{key}"] for r in steps])
+        out["snapshot_bytes"] = steps[-1]["elastic/snapshot/bytes"]
+        for key in ("host", "replica", "disk", "peak_host"):
+            out[f"{key}_bytes_per_rank"] = steps[-1][f"elastic/snapshot/{key}_bytes"]
     return out
 
 
-def recovery_main(out: Path, load: tuple[float, ...], note: str) -> None:
+def snapshot_cost(tmp: Path, recipe: str, repeats: int) -> dict:
+    """`repeats` A/B pairs of runs without and with replicas, back to back, the order alternating (a drift of the
+    machine's load falls on both sides); the pair with the median step time change (the lower middle one for an even
+    count) is shown, every pair listed."""
+    pairs = []
+    for repeat in range(repeats):
+        order = (0, 1) if repeat % 2 == 0 else (1, 0)
+        runs = {replicas: cost_run(tmp, recipe, replicas, repeat) for replicas in order}
+        without, with_replicas = runs[0].pop("step_seconds"), runs[1].pop("step_seconds")
+        pairs.append({"replicas0_step_seconds": without, "replicas1_step_seconds": with_replicas,
+                      "step_time_change": with_replicas / without - 1, **runs[1]})
+    out = dict(sorted(pairs, key=lambda p: p["step_time_change"])[(len(pairs) - 1) // 2])
+    for key in ("snapshot", "on_path", "cpu"):
+        out[f"{key}_over_step"] = out[f"{key}_seconds"] / out["replicas0_step_seconds"]
+    out["shown"] = f"the pair with the median step time change of {repeats} A/B pairs"
+    out["pairs"] = [{k: p[k] for k in ("replicas0_step_seconds", "replicas1_step_seconds", "step_time_change",
+                                       "on_path_seconds", "snapshot_seconds", "cpu_seconds")} for p in pairs]
+    return out
+
+
+def recovery_main(out: Path, load: tuple[float, ...], note: str, repeats: int) -> None:
     with tempfile.TemporaryDirectory(prefix="bench_recovery_") as tmp:
         recovery = recovery_path(Path(tmp))
         restart = kill_restart_path(Path(tmp))
-        costs = {recipe: snapshot_cost(Path(tmp), recipe) for recipe in ("grpo_tiny", "ppo_tiny")}
+        costs = {recipe: snapshot_cost(Path(tmp), recipe, repeats) for recipe in ("grpo_tiny", "ppo_tiny")}
     ratio = recovery["kill_to_first_step_seconds"] / restart["kill_to_first_step_seconds"]
     result = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": f"{os.cpu_count()} CPU cores",
               "load_average_at_start": [round(x, 1) for x in load], "note": note,
@@ -248,9 +268,13 @@ def recovery_main(out: Path, load: tuple[float, ...], note: str) -> None:
           f"{restart['kill_to_first_step_seconds']:.2f} s (stop {restart['stop_seconds']:.2f}, relaunch to step "
           f"{AFTER + 1} {restart['relaunch_to_first_step_seconds']:.2f}); ratio {ratio:.2f}")
     for recipe, c in costs.items():
-        print(f"{recipe}: step {c['replicas0_step_seconds']:.2f} s without replicas, {c['replicas1_step_seconds']:.2f} s "
-              f"with ({100 * c['step_time_change']:+.1f}%); on the loop's path {c['on_path_seconds']:.3f} s "
+        print(f"{recipe}: step time change of each A/B pair: "
+              + ", ".join(f"{100 * p['step_time_change']:+.1f}%" for p in c["pairs"]))
+        print(f"{recipe}: step {c['replicas0_step_seconds']:.3f} s without replicas, {c['replicas1_step_seconds']:.3f} s "
+              f"with ({100 * c['step_time_change']:+.1f}%, the median pair); on the loop's path "
+              f"{c['on_path_seconds']:.4f} s "
               f"({100 * c['on_path_over_step']:.1f}% of a step); the send beside it {c['snapshot_seconds']:.3f} s, "
+              f"{c['cpu_seconds']:.4f} CPU seconds in all, "
               f"{c['snapshot_bytes'] / 2**20:.2f} MiB sent, the own copy written to disk {c['write_seconds']:.3f} s; per rank "
               f"(rank 0) {c['host_bytes_per_rank'] / 2**20:.2f} MiB host memory (the replica: "
               f"{c['replica_bytes_per_rank'] / 2**20:.2f} MiB), {c['peak_host_bytes_per_rank'] / 2**20:.2f} MiB during a "
@@ -262,11 +286,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--part", choices=("membership", "recovery"), default="membership")
     parser.add_argument("--note", default="", help="what else shared the machine, for the record")
-    parser.add_argument("--repeats", type=int, default=3, help="membership: runs of every path; the median is shown")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="membership: runs of every path; recovery: A/B pairs of the snapshots' cost; the median is shown")
     args = parser.parse_args()
     load = os.getloadavg()
     if args.part == "recovery":
-        return recovery_main(args.out or Path("docs/bench/bench_recovery.json"), load, args.note)
+        return recovery_main(args.out or Path("docs/bench/bench_recovery.json"), load, args.note, args.repeats)
     args.out = args.out or Path("docs/bench/bench_elastic.json")
     runs = []
     for _ in range(args.repeats):  # each path's runs one after another, the repeats after that

@@ -6,12 +6,14 @@ host memory, by the next rank of the world (a ring: rank r's shard lives on r + 
 spec placed on the rotated ranks:
 
     ring = ring_spec(spec)                      # train[dp=4]@0 -> its boxes on ranks 1, 2, 3, 0
-    plan = build_plan(build_layout(cat, spec), build_layout(cat, ring))   # the snapshot: every box to the next rank
 
-A box that the next rank already holds itself (a tp-replicated norm) is a local copy in that plan. When ranks are
-lost, the survivors hold their own pieces (their snapshot copy) and the replicas of the lost ranks' pieces. The
-recovery is the leave's plan (old spec over the old world -> the new world's spec on the survivors, both in the old
-numbering: elastic.membership) with every transfer a lost rank would have sent served by its replica holder instead:
+The ring layout gives each holder exactly its predecessor's buffers (names, shapes, offsets), so the snapshot sends
+every rank's buffers whole, one flat message per role and dtype (transition/replica_state.send_replicas), the boxes
+the holder also holds itself (a tp-replicated norm) included: a few small tensors more on the wire, for no plan to
+run. When ranks are lost, the survivors hold their own pieces (their snapshot copy) and the replicas of the lost
+ranks' pieces. The recovery is the leave's plan (old spec over the old world -> the new world's spec on the survivors,
+both in the old numbering: elastic.membership) with every transfer a lost rank would have sent served by its replica
+holder instead:
 
     served = served_rank_plans(schedule, lost=(2,), world_size=4)    # new rank -> RankPlan over the new world
 

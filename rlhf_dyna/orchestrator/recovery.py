@@ -56,7 +56,7 @@ from ..rollout.reform import release_groups
 from ..train.mesh import build_mesh
 from ..transition.relayout import empty_engine_like, meta_skeleton
 from ..transition.replica_state import (RoleSnapshot, held_bytes, memory_metrics, remove_own_files, restore_role,
-                                        send_replica, shell_of, spill_own, take_snapshot)
+                                        send_replicas, shell_of, spill_own, take_snapshot)
 from .checkpoint_recovery import load_in_place, newest_complete
 from .leave import trained_layout
 from .loss_watchdog import Watchdog
@@ -126,9 +126,9 @@ class Recovery:
         next step), each shard's replica sent to the next rank by a thread over a group of its own during the next
         step's generation (or here, `background=False`); committed once every rank has received its replica. The
         metrics: this copy's and the wait for the previous send (elastic/snapshot/{copy,wait}_seconds), and the
-        previous send's elastic/snapshot/{seconds,bytes,write_seconds} and memory_metrics."""
+        previous send's elastic/snapshot/{seconds,bytes,write_seconds,cpu_seconds} and memory_metrics."""
         waited = self.finish_sending()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         engines = {role: getattr(runtime, role) for role in ROLES if getattr(runtime, role) is not None}
         roles = {role: take_snapshot(engine) for role, engine in engines.items()}
         if self.cfg.placement.policy == "split":  # a rollout rank holds no role, but may hold (and serve) a replica
@@ -139,20 +139,20 @@ class Recovery:
         loop = LoopState.of(run, step, SnapshotWorld(getattr(membership, "placement", self.placement), runtime.layout),
                             getattr(membership, "generation", 0) + self.watchdog.generation)
         self.recorder = runtime.recorder
-        copied = time.perf_counter() - start
-        self.sender = threading.Thread(target=self._send, args=(roles, loop, start, copied), daemon=True,
+        copied, cpu = time.perf_counter() - start, time.thread_time() - cpu
+        self.sender = threading.Thread(target=self._send, args=(roles, loop, copied, cpu), daemon=True,
                                        name="rlhf_dyna-snapshot")
         self.sender.start()
         if not background:
             waited += self.finish_sending()
         return {**self.sent, "elastic/snapshot/copy_seconds": copied, "elastic/snapshot/wait_seconds": waited}
 
-    def _send(self, roles: dict[str, RoleSnapshot], loop: LoopState, start: float, copied: float) -> None:
-        """The snapshot thread: the ring plans over the side group, then the commit, then the own copies to disk."""
+    def _send(self, roles: dict[str, RoleSnapshot], loop: LoopState, copied: float, cpu: float) -> None:
+        """The snapshot thread: the replicas over the side group, then the commit, then the own copies to disk.
+        `copied`, `cpu`: the main thread's seconds and CPU seconds for the copy."""
         try:
-            began, moved = time.perf_counter(), 0
-            for snap in roles.values():
-                moved += send_replica(snap, self.side, recorder=self.recorder)
+            began, cpu_began = time.perf_counter(), time.thread_time()
+            moved = send_replicas(roles, self.side, recorder=self.recorder)
             # complete here (this rank's receives are done); committed once every rank is: a lost rank may interrupt
             # the barrier after some passed it, and then every rank had received everything (recover promotes it)
             self.staged = (roles, loop)
@@ -163,7 +163,8 @@ class Recovery:
             disk = spill_own(roles, self.files, loop.key)  # kept in memory: the predecessor's replica only
             self.sent = {"elastic/snapshot/seconds": copied + time.perf_counter() - began,
                          "elastic/snapshot/bytes": float(moved), **memory_metrics(roles, disk, peak),
-                         "elastic/snapshot/write_seconds": time.perf_counter() - written}
+                         "elastic/snapshot/write_seconds": time.perf_counter() - written,
+                         "elastic/snapshot/cpu_seconds": cpu + time.thread_time() - cpu_began}
         except Exception as err:  # noqa: BLE001 - handed to the main thread by finish_sending
             self.send_error = err
 

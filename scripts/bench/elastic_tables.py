@@ -143,13 +143,18 @@ def snapshot_cost(bench: Path) -> str:
     report, mib = read(bench, "bench_recovery.json"), 2**20
     costs = report["snapshot_cost"]
     rows = [
-        ("mean step without / with replicas (steps 2-12)", lambda c: f"{c['replicas0_step_seconds']:.3f} / "
-         f"{c['replicas1_step_seconds']:.3f} s ({100 * c['step_time_change']:+.1f}%)"),
+        ("mean step without / with replicas (steps 2-12; the A/B pair with the median change)",
+         lambda c: f"{c['replicas0_step_seconds']:.3f} / {c['replicas1_step_seconds']:.3f} s "
+         f"({100 * c['step_time_change']:+.1f}%)"),
+        ("the change in every A/B pair (run back to back, the order alternating)",
+         lambda c: ", ".join(f"{100 * p['step_time_change']:+.1f}%" for p in c["pairs"])),
         ("on the loop's path: the copy to host memory and the wait for the previous send",
-         lambda c: f"{c['on_path_seconds']:.3f} s ({100 * c['on_path_over_step']:.1f}% of a step)"),
+         lambda c: f"{c['on_path_seconds']:.4f} s ({100 * c['on_path_over_step']:.1f}% of a step)"),
         ("beside the next step: the send, the commit and the own copy's write (`elastic/snapshot/seconds`)",
          lambda c: f"{c['snapshot_seconds']:.3f} s ({c['snapshot_bytes'] / mib:.1f} MiB over the world)"),
         ("... of which the write to node-local disk (`write_seconds`)", lambda c: f"{c['write_seconds']:.4f} s"),
+        ("CPU seconds of a snapshot on the rank's Python threads, the copy and the send (`cpu_seconds`)",
+         lambda c: f"{c['cpu_seconds']:.4f} s ({100 * c['cpu_over_step']:.1f}% of a step)"),
         ("host memory per rank between snapshots (`host_bytes`: the predecessor's replica)",
          lambda c: f"{c['host_bytes_per_rank'] / mib:.2f} MiB (replica {c['replica_bytes_per_rank'] / mib:.2f} MiB)"),
         ("host memory per rank while a snapshot is sent (`peak_host_bytes`)",

@@ -38,7 +38,7 @@ def _spill_and_roll_back(rank: int, world: int, root: str) -> None:
         _step(engines[role], b1, loss)
     snaps = {role: take_snapshot(engine) for role, engine in engines.items()}
     assert {k.value for k in snaps["actor"].kinds} > {k.value for k in snaps["reference"].kinds}  # moments too
-    copies = {role: {n: t.clone() for n, t in snap.own.items()} for role, snap in snaps.items()}
+    copies = {role: {n: t.clone() for n, t in snap.own_state(rank).items()} for role, snap in snaps.items()}
     directory = Path(root) / f"rank{rank}"
 
     disk = spill_own(snaps, directory, key=5)
@@ -46,7 +46,7 @@ def _spill_and_roll_back(rank: int, world: int, root: str) -> None:
     assert sorted(p.name for p in directory.iterdir()) == FILES
     assert disk >= sum(t.nbytes for c in copies.values() for t in c.values()) > 0
     for role, snap in snaps.items():
-        back = snap.own_state()
+        back = snap.own_state(rank)
         assert back.keys() == copies[role].keys()
         assert all(torch.equal(back[n], t) and back[n].dtype == t.dtype for n, t in copies[role].items()), role
 
@@ -63,6 +63,12 @@ def _spill_and_roll_back(rank: int, world: int, root: str) -> None:
     torch.testing.assert_close(_read(reference, b3), _read(engines["reference"], b3), rtol=0, atol=0)
 
     newer = {role: take_snapshot(engine) for role, engine in engines.items()}
+    actor = engines["actor"]
+    first, param = next(actor.model.named_parameters())
+    param._local_tensor = param._local_tensor.clone().add_(1)  # a shard replaced, as an adoption does: copied as it is now
+    again = take_snapshot(actor).own_state(rank)
+    assert torch.equal(again[f"{first}:param"], param._local_tensor)
+    assert all(torch.equal(t, newer["actor"].own_state(rank)[n]) for n, t in again.items() if n != f"{first}:param")
     spill_own(newer, directory, key=6)
     assert sorted(p.name for p in directory.iterdir()) == [f.replace("5-", "6-") for f in FILES]  # the older gone
     remove_own_files(directory)
