@@ -7,6 +7,8 @@ windows makes one barrier per call enough: a rank writes a window again two call
 barrier, which every rank reaches only when it is done reading that window. The windows are unlinked as soon as all
 ranks have mapped them, so a crash leaves nothing in /dev/shm. They cost each rank twice the largest unsharded FSDP
 unit (a reduce-scatter's input) in /dev/shm; where it has no room for the group's windows, gloo carries the calls.
+A group's first windows are as large as the largest this process made before (the ranks agree on the size), so the
+groups of a new world or layout are made once, at their first call, not grown call by call in their first step.
 
 Reductions add the ranks' parts in the order gloo's ring does (ring_sum): gloo's bits.
 """
@@ -26,6 +28,7 @@ from rlhf_dyna.launch.shm import SHM_DIR, run_ident
 
 WINDOW_ALIGN = 1 << 20
 _enabled = True  # a rank sets it from parallel.shm_collectives (use_shm_collectives)
+_largest = 0  # the largest window this process has made: a new group's first size (a joiner's 0: the others' wins)
 
 
 def use_shm_collectives(enabled: bool) -> None:
@@ -57,10 +60,13 @@ class ShmWindows:
     def _grow(self, nbytes: int) -> bool:
         """Windows of at least `nbytes`; False (on every rank) where /dev/shm has no room for the group's windows:
         a write past a full tmpfs would kill the rank with SIGBUS."""
-        capacity = -(-max(nbytes, 2 * self.capacity) // WINDOW_ALIGN) * WINDOW_ALIGN
-        room = torch.tensor([int(shutil.disk_usage(SHM_DIR).free >= 2 * capacity * self.size)])
-        dist.all_reduce(room, op=dist.ReduceOp.MIN, group=self.group)
-        if not room.item():
+        global _largest
+        wanted = max(nbytes, 2 * self.capacity, _largest if self.capacity == 0 else 0)
+        # one all-reduce agrees on both: the largest size any rank wants, the least free /dev/shm of any rank
+        agreed = torch.tensor([-(-wanted // WINDOW_ALIGN) * WINDOW_ALIGN, -shutil.disk_usage(SHM_DIR).free])
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.group)
+        capacity, free = int(agreed[0]), -int(agreed[1])
+        if free < 2 * capacity * self.size:
             self.windows, self.capacity = [], -1  # gloo from now on
             return False
         self.generation += 1
@@ -73,7 +79,7 @@ class ShmWindows:
         dist.barrier(group=self.group)  # every rank holds every mapping: the names can go
         for path in own:
             path.unlink()
-        self.capacity = capacity
+        self.capacity, _largest = capacity, max(_largest, capacity)
         return True
 
     def slot(self, nbytes: int) -> list[Tensor] | None:

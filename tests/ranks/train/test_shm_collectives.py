@@ -84,3 +84,24 @@ def _engines_alike(rank: int, world: int) -> None:
 @pytest.mark.timeout(120)
 def test_an_engine_trains_through_shared_memory_as_through_gloo() -> None:
     run_ranks(_engines_alike, 2)
+
+
+def _new_group_made_once(rank: int, world: int) -> tuple[int, int, int, int]:
+    grown = ShmComm()
+    for numel in (6, 1 << 19, 1 << 20):  # float32: windows of 1, then 2, then 4 MiB
+        ShmAllGather(grown)(torch.empty(world * numel), torch.zeros(numel), dist.group.WORLD)
+    if rank == world - 1:
+        shm_collectives._largest = 0  # a joiner: a fresh process has made no window yet
+    group, fresh = dist.new_group(list(range(world))), ShmComm()  # a new world's group
+    for numel in (6, 1 << 20):
+        out = torch.empty(world * numel)
+        ShmAllGather(fresh)(out, torch.full((numel,), float(rank)), group)
+        assert torch.equal(out, torch.arange(world, dtype=torch.float32).repeat_interleave(numel))
+    old, new = grown.windows[dist.group.WORLD.group_name], fresh.windows[group.group_name]
+    return old.generation, old.capacity, new.generation, new.capacity
+
+
+@pytest.mark.timeout(120)
+def test_a_new_group_makes_its_windows_once_at_the_largest_size_so_far() -> None:
+    """A new world's first step does not grow its groups' windows call by call (a joiner agrees on the size)."""
+    assert run_ranks(_new_group_made_once, 3) == [(3, 4 << 20, 1, 4 << 20)] * 3
