@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-import statistics
 import time
 
 import torch
@@ -118,9 +117,6 @@ def test_the_new_world_takes_the_groups_built_in_the_background():
         assert min(r["rounds"]) > 3, "the main thread ran collectives while the new world was built"
         assert r["checked"] == [4 if r["rank"] < 2 else 2] * SWITCHES
         assert max(r["thread_wait"]) <= 0.1 * min(r["build"]), r  # every rendezvous and connect was off the path
-        at_switch, prebuilt = statistics.median(r["at_switch"]), statistics.median(r["prebuilt"])
-        assert prebuilt <= 0.5 * at_switch, f"rank {r['rank']}: switches over prebuilt groups took {r['prebuilt']}, " \
-                                            f"building at the switch {r['at_switch']}"
     print({r["rank"]: {k: [round(x, 4) for x in r[k]] for k in ("build", "thread_wait", "prebuilt", "at_switch")}
            for r in rows[:3]})
 
