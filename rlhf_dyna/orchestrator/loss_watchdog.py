@@ -6,12 +6,14 @@ import json
 import os
 import threading
 import time
+from datetime import timedelta
 
 from ..elastic.join_world import job_client_store
 from ..launch.lost_ranks import lost_key
 from ..launch.sockets import shut_connections
 
-POLL_S = 0.05
+POLL_S = 0.05  # while an announcement is being handled, and after an error of the store
+WAIT = timedelta(days=1)  # a blocking wait for the next announcement: the store wakes the thread, no polling
 
 
 class Watchdog:
@@ -28,13 +30,22 @@ class Watchdog:
         self.thread.start()
 
     def _watch(self) -> None:
+        # blocked in the store's wait, the GIL released: polling woke 4 ranks' threads 20 times a second beside the step
         while not self.stopped.is_set():
-            if not self.announced.is_set() and self.store.check([lost_key(self.generation + 1)]):
-                try:
-                    shut_connections({int(os.environ["MASTER_PORT"])})
-                finally:  # the main thread goes on whatever happened here
-                    self.announced.set()
-            time.sleep(POLL_S)
+            if self.announced.is_set():
+                time.sleep(POLL_S)
+                continue
+            try:
+                self.store.wait([lost_key(self.generation + 1)], WAIT)
+            except Exception:  # noqa: BLE001 - the run's end (the store gone) or a day without a loss: look again
+                time.sleep(POLL_S)
+                continue
+            if self.stopped.is_set():
+                return
+            try:
+                shut_connections({int(os.environ["MASTER_PORT"])})
+            finally:  # the main thread goes on whatever happened here
+                self.announced.set()
 
     def wait(self, timeout: float) -> dict | None:
         """The next announcement (after this rank's old-world connections are shut), or None by `timeout`."""
