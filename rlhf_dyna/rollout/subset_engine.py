@@ -7,8 +7,7 @@ initialises a private one-process torch.distributed world of its own (file:// in
 other ranks are free. vLLM's CPU platform would turn `uni` into `mp` (a grandchild worker, for OMP thread binding,
 which a rank's engine leaves to the OS: VLLM_CPU_OMP_THREADS_BIND=nobind): a second fresh interpreter importing torch
 and vLLM at every engine start and a second teardown at every stop; `keep_uni_executor` keeps the model in the engine
-process (the same tokens and logprobs; on 2 shared cores an engine's start 19.6 -> 13.2 s, its stop 4.2 -> 2.7 s). `generate` is then a
-local call of that rank (no collective), like any other client of a vLLM server.
+process (the same tokens and logprobs; docs/placements.md has its start and stop). `generate` is then a local call of that rank (no collective), like any other client of a vLLM server.
 
 Weights cross the process boundary through shared memory on the CPU: `load_weights` packs the (HF name, tensor)
 pairs into one file in /dev/shm named after the run (`<VLLM_DIST_IDENT>-weights-<rank>`, so the launcher's

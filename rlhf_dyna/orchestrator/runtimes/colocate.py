@@ -102,7 +102,7 @@ class ColocateRuntime(Runtime):
 
     def leave_job(self) -> None:
         """Its engine goes with the process: its groups are gone. vLLM's shutdown, which its finalizer would run when
-        the engine is collected, collects the whole heap twice: 1.5 s of CPU beside the survivors' first step."""
+        the engine is collected, collects the whole heap twice: CPU time beside the survivors' first steps."""
         if self.rollout is not None:
             self.rollout.discard()
         self.rollout = None
