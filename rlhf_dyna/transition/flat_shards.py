@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..vps.cache import model_key
-from ..vps.layout import Layout, build_layout
+from ..vps.cache import cached_layout, model_key
+from ..vps.layout import Layout
 from ..vps.layout_types import Buffer
 from ..vps.model import ModelCatalog
 from ..vps.spec import ParallelSpec
@@ -38,7 +38,6 @@ class ShardIndex:
         return sum(n * TORCH_DTYPES[d].itemsize for d, n in self.sizes.items())
 
 
-_LAYOUTS: dict[tuple, Layout] = {}
 _INDEXES: dict[tuple, ShardIndex] = {}
 
 
@@ -46,9 +45,7 @@ def shard_index(catalog: ModelCatalog, spec: ParallelSpec, kinds: tuple[Kind, ..
     """`rank`'s buffers of build_layout(catalog, spec, kinds), built once: every snapshot of a layout reuses it."""
     key = (model_key(catalog), spec, kinds)
     if (*key, rank) not in _INDEXES:
-        if key not in _LAYOUTS:
-            _LAYOUTS[key] = build_layout(catalog, spec, kinds)
-        layout = _LAYOUTS[key]
+        layout = cached_layout(catalog, spec, kinds)
         buffers = layout.buffers(rank)
         entries, sizes = [], {}
         for name in sorted(buffers):

@@ -1,21 +1,30 @@
-"""Plans cached per (model, source spec, destination spec, ranks per node)."""
+"""Layouts cached per (model, spec, kinds), plans per (model, source spec, destination spec, ranks per node)."""
 from __future__ import annotations
 
 import hashlib
 
 import numpy as np
 
-from .layout import build_layout
+from .layout import Layout, build_layout
 from .model import ModelCatalog
 from .plan import Plan, build_plan
 from .spec import ParallelSpec
+from .tensor import Kind
 
+_LAYOUTS: dict[tuple, Layout] = {}
 _PLANS: dict[tuple, Plan] = {}
 
 
 def model_key(catalog: ModelCatalog) -> tuple:
     # the names: a sub-catalog (vps.layer_groups) of one layer group must not share a plan with another's
     return (catalog.arch, catalog.dims, catalog.param_dtype, catalog.state_dtype, tuple(t.name for t in catalog.tensors))
+
+
+def cached_layout(catalog: ModelCatalog, spec: ParallelSpec, kinds: tuple[Kind, ...] | None = None) -> Layout:
+    key = (model_key(catalog), spec, kinds)
+    if key not in _LAYOUTS:
+        _LAYOUTS[key] = build_layout(catalog, spec, kinds)
+    return _LAYOUTS[key]
 
 
 def cached_plan(catalog: ModelCatalog, src: ParallelSpec, dst: ParallelSpec, ranks_per_node: int = 8) -> Plan:
