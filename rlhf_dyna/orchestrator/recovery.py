@@ -55,8 +55,9 @@ from ..launch.world_record import publish_world
 from ..rollout.reform import release_groups
 from ..train.mesh import build_mesh
 from ..transition.relayout import empty_engine_like, meta_skeleton
-from ..transition.replica_state import (RoleSnapshot, held_bytes, memory_metrics, remove_own_files, restore_role,
-                                        send_replicas, shell_of, spill_own, take_snapshot)
+from ..transition.replica_state import (RoleSnapshot, held_bytes, memory_metrics, restore_role, send_replicas,
+                                        shell_of, take_snapshot)
+from ..transition.snapshot_files import PeerDir, SnapshotFiles
 from .checkpoint_recovery import load_in_place, newest_complete
 from .leave import trained_layout
 from .loss_watchdog import Watchdog
@@ -101,7 +102,8 @@ class Recovery:
         self.send_error: BaseException | None = None
         self.sent: dict[str, float] = {}  # the last completed send's metrics
         self.recorder = None  # the runtime's trace: the snapshots' and the recovery's events
-        self.files = None  # node-local: the committed snapshot's own copies (launch/scratch.py), set by start
+        self.files: SnapshotFiles | None = None  # node-local: the own copies' slot files (launch/scratch.py)
+        self.peers: tuple[dist.ProcessGroup, list[PeerDir]] | None = None  # the side group's ranks' files
         rank, world = dist.get_rank(), dist.get_world_size()
         fallback = recovers_from_checkpoint(cfg.elastic.replicas, cfg.elastic.recover_from_checkpoint)
         if self.snapshots:
@@ -115,7 +117,7 @@ class Recovery:
         """A launched rank with elastic.replicas=1: the state to survive a loss with, from the start (a joiner's
         first comes with its first step)."""
         membership = getattr(runtime, "membership", None)
-        self.files = process_scratch(run.dist_info.run_ident, self.process)
+        self.files = SnapshotFiles(process_scratch(run.dist_info.run_ident, self.process))
         if membership is not None:  # a change destroys every group: the snapshot's send is finished first
             membership.before_change = self.finish_sending
         if self.snapshots and self.ring_world is not None:
@@ -130,7 +132,8 @@ class Recovery:
         waited = self.finish_sending()
         start, cpu = time.perf_counter(), time.thread_time()
         engines = {role: getattr(runtime, role) for role in ROLES if getattr(runtime, role) is not None}
-        roles = {role: take_snapshot(engine) for role, engine in engines.items()}
+        slots = {role: 1 - (snap.slot or 0) for role, snap in self.roles.items()}  # not the committed one's
+        roles = {role: take_snapshot(engine, self.files, role, slots.get(role, 0)) for role, engine in engines.items()}
         if self.cfg.placement.policy == "split":  # a rollout rank holds no role, but may hold (and serve) a replica
             shells = runtime.from_actor({role: shell_of(snap) for role, snap in roles.items()})
             roles = roles or shells
@@ -148,22 +151,27 @@ class Recovery:
         return {**self.sent, "elastic/snapshot/copy_seconds": copied, "elastic/snapshot/wait_seconds": waited}
 
     def _send(self, roles: dict[str, RoleSnapshot], loop: LoopState, copied: float, cpu: float) -> None:
-        """The snapshot thread: the replicas over the side group, then the commit, then the own copies to disk.
-        `copied`, `cpu`: the main thread's seconds and CPU seconds for the copy."""
+        """The snapshot thread: the replicas over the side group, then the commit. `copied`, `cpu`: the main
+        thread's seconds and CPU seconds for the copy."""
         try:
             began, cpu_began = time.perf_counter(), time.thread_time()
-            moved = send_replicas(roles, self.side, recorder=self.recorder)
+            if self.peers is None or self.peers[0] is not self.side:  # a new ring: where its ranks' files are
+                peers: list[PeerDir | None] = [None] * dist.get_world_size(self.side)
+                dist.all_gather_object(peers, PeerDir.of(self.files.directory), group=self.side)
+                self.peers = (self.side, peers)
+                self.files.forget_peers()
+            moved = send_replicas(roles, self.side, self.peers[1], self.files, loop.key, self.recorder)
             # complete here (this rank's receives are done); committed once every rank is: a lost rank may interrupt
             # the barrier after some passed it, and then every rank had received everything (recover promotes it)
             self.staged = (roles, loop)
             dist.barrier(group=self.side)
             peak = held_bytes(roles) + held_bytes(self.roles)  # the previous snapshot: held until this commit
             (self.roles, self.loop), self.staged = self.staged, None
-            written = time.perf_counter()
-            disk = spill_own(roles, self.files, loop.key)  # kept in memory: the predecessor's replica only
+            rank = dist.get_rank(self.side)
+            self.files.keep_only({role: {d: t.numel() for d, t in snap.own.items()} for role, snap in roles.items()},
+                                 {role: snap.ring_index(rank).sizes for role, snap in roles.items()})
             self.sent = {"elastic/snapshot/seconds": copied + time.perf_counter() - began,
-                         "elastic/snapshot/bytes": float(moved), **memory_metrics(roles, disk, peak),
-                         "elastic/snapshot/write_seconds": time.perf_counter() - written,
+                         "elastic/snapshot/bytes": float(moved), **memory_metrics(roles, peak),
                          "elastic/snapshot/cpu_seconds": cpu + time.thread_time() - cpu_began}
         except Exception as err:  # noqa: BLE001 - handed to the main thread by finish_sending
             self.send_error = err
@@ -363,7 +371,8 @@ class Recovery:
         self.watchdog.close()
         if not failed:
             self.finish_sending()
-        remove_own_files(self.files)
+        if self.files is not None:
+            self.files.remove()
 
 
 def reward_model_again(runtime, placement: Placement) -> None:

@@ -3,7 +3,7 @@ writes (transition/replica_state.py), so each of those is one C++ call per role 
 per tensor (hundreds of small tensors), and a background thread holds the GIL for a handful of operations only.
 
     index = shard_index(catalog, spec, kinds, rank)   # cached per (model, spec, kinds, rank): names, shapes, offsets
-    flat = pack(index, live)                          # buffer name -> tensor  =>  dtype -> one new host tensor
+    flat = pack(index, live, out)                     # buffer name -> tensor  =>  dtype -> one host tensor (`out`'s)
     views = unpack(index, flat)                       # dtype -> flat tensor  =>  buffer name -> a view of it
 """
 from __future__ import annotations
@@ -59,13 +59,19 @@ def shard_index(catalog: ModelCatalog, spec: ParallelSpec, kinds: tuple[Kind, ..
 
 
 @torch.no_grad()
-def pack(index: ShardIndex, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """`tensors` (the index's buffers) copied into new host tensors, one per dtype (one torch.cat each)."""
-    out = {}
+def pack(index: ShardIndex, tensors: Mapping[str, Tensor], out: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
+    """`tensors` (the index's buffers) copied into one host tensor per dtype (one torch.cat each): `out`'s (e.g. a
+    snapshot's mapped slot, transition/snapshot_files.py), or new ones."""
+    flat = {}
     for dtype in index.sizes:
         parts = [tensors[name].reshape(-1) for name, _, d, _, _ in index.entries if d == dtype]
-        out[dtype] = torch.cat(parts).to("cpu")  # a GPU shard: concatenated on the device, then one copy to the host
-    return out
+        if out is None:
+            flat[dtype] = torch.cat(parts).to("cpu")  # a GPU shard: concatenated on the device, one copy to the host
+        elif parts[0].device.type == "cpu":
+            flat[dtype] = torch.cat(parts, out=out[dtype])
+        else:
+            flat[dtype] = out[dtype].copy_(torch.cat(parts))
+    return flat
 
 
 def empty(index: ShardIndex) -> dict[str, Tensor]:

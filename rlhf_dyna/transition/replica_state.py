@@ -1,36 +1,31 @@
 """Host-memory snapshots of a training role's state and its replica on the next rank, and the rebuild of the role on
 the survivors of lost ranks from them (the pure plans: elastic/replicas.py; docs/elastic/recovery.md).
 
-    snap = take_snapshot(engine)                  # local: this rank's shard copied to host memory (own)
-    moved = send_replicas({"actor": snap}, group) # collective over `group`: own -> the next rank's replica
+    snap = take_snapshot(engine, files, "actor", slot)    # local: this rank's shard into its own slot file (mapped)
+    moved = send_replicas({"actor": snap}, group, peers, files, key)   # collective: own -> the next rank's replica
     ...  ranks are lost; the survivors enter a new world and build empty engines on its mesh ...
     moved = restore_role(snap, engine, dst_spec, served)   # collective over the new world: the served plan
 
-    spill_own(snaps, directory, key)              # committed: own copies to node-local disk, their memory freed
-
 The own copy is what the snapshot sends (so a background send never reads tensors that training is changing) and what
 a survivor restores from: rolling back to the snapshot needs it where the live state moved past it (an optimizer
-step after the snapshot). Both copies are flat, one host tensor per dtype (transition/flat_shards.py): the ring
-layout gives the next rank exactly this rank's buffers (elastic/replicas.ring_spec), so the send is one message per
-role and dtype, and a restore reads them as views by name. Once the snapshot is committed (every rank has its
-replica), only this rank reads its own copy, and only to roll back: it goes to a safetensors file on node-local disk
-(launch/scratch.py names the directory) and is read back from there. Each rank then holds one shard per role in host
-memory, its predecessor's replica; while a snapshot is sent, three (its own copy and replica, and the previous
-snapshot's replica, which a loss then falls back to).
+step after the snapshot). Only this rank reads it, and only to roll back, so it lives in a file on node-local disk
+(launch/scratch.py names the directory), mapped: one of two slots per role and dtype, the other one holding the
+committed snapshot (transition/snapshot_files.py). Both copies are flat, one tensor per dtype
+(transition/flat_shards.py): the ring layout gives the next rank exactly this rank's buffers
+(elastic/replicas.ring_spec), so the replica is one copy per role and dtype, from the predecessor's slot file where the
+holder sees it (the same node), else one message over gloo; a restore reads them as views by name. Each rank holds
+one shard per role in host memory, its predecessor's replica; while a snapshot is sent, two (the new replica and the
+previous one, which a loss then falls back to).
 """
 from __future__ import annotations
 
-import os
-import shutil
 import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from ..elastic.replicas import REPLICA, Served, holder_of, replica_source, ring_spec, served_rank_plan
@@ -44,6 +39,7 @@ from ..vps.tensor import Kind
 from .bind_train import bind_train_buffers, buffer_name, local_tensor, state_kinds, train_spec
 from .executor import execute, prepare
 from .flat_shards import ShardIndex, empty, pack, shard_index, unpack
+from .snapshot_files import PeerDir, SnapshotFiles
 from .relayout import bind_train_state
 from .trace import TraceRecorder
 from .role_move import optimizer_step, prepare_optimizer, role_catalog
@@ -54,29 +50,31 @@ from .vps_plans import DEFAULT_BUDGET_BYTES, ranks_per_node
 @dataclass
 class RoleSnapshot:
     """One role's state at a step boundary on this rank: its own shard and (after send_replicas) the replica of the
-    previous rank's shard, both flat host copies keyed by dtype (flat_shards; own_state and replica_state name them)."""
+    previous rank's shard, both flat copies keyed by dtype (flat_shards; own_state and replica_state name them)."""
 
     spec: ParallelSpec  # the role's training spec in the world of the snapshot
     world_size: int
     kinds: tuple[Kind, ...]
     adam_step: float  # AdamW's step counter (-1: no moments yet)
     catalog: ModelCatalog
-    own: dict[str, Tensor]  # empty once written to `own_file`
+    own: dict[str, Tensor]  # mapped on the own slot's files (`slot`), or in host memory (slot None)
     replica: dict[str, Tensor] = field(default_factory=dict)
-    own_file: Path | None = None
+    slot: int | None = None  # the own slot file (snapshot_files.SnapshotFiles.own) that holds `own`
 
     def own_state(self, rank: int) -> dict[str, Tensor]:
-        """This rank's own copy by VPS buffer name (`rank`: its number in the snapshot's world): in host memory until
-        the snapshot is committed, then read back from its file."""
-        flat = load_file(self.own_file) if self.own_file is not None else self.own
-        return unpack(shard_index(self.catalog, self.spec, self.kinds, rank), flat)
+        """This rank's own copy by VPS buffer name (`rank`: its number in the snapshot's world)."""
+        return unpack(shard_index(self.catalog, self.spec, self.kinds, rank), self.own)
 
     def replica_state(self, rank: int) -> dict[str, Tensor]:
         """The replica of the previous rank's shard by VPS buffer name: the ring layout's buffers on `rank` (none
         before send_replicas: a restore from the own copies alone)."""
         if not self.replica:
             return {}
-        return unpack(shard_index(self.catalog, ring_spec(self.spec, self.world_size), self.kinds, rank), self.replica)
+        return unpack(self.ring_index(rank), self.replica)
+
+    def ring_index(self, rank: int) -> ShardIndex:
+        """`rank`'s buffers of the ring layout: its predecessor's shard (what its replica holds)."""
+        return shard_index(self.catalog, ring_spec(self.spec, self.world_size), self.kinds, rank)
 
 
 @dataclass(frozen=True)
@@ -99,10 +97,12 @@ class Bound:
 _BOUND: weakref.WeakKeyDictionary[TrainEngine, Bound] = weakref.WeakKeyDictionary()
 
 
-def take_snapshot(engine: TrainEngine) -> RoleSnapshot:
-    """This rank's shard of `engine`'s state copied to new host buffers (local): a snapshot in progress never
-    overwrites the one a recovery would fall back to. The binding (spec, catalog, layout index, checks) is the last
-    snapshot's while the engine holds the same tensors: a relayout, a move or the first moments bind anew."""
+def take_snapshot(engine: TrainEngine, files: SnapshotFiles | None = None, role: str = "",
+                  slot: int = 0) -> RoleSnapshot:
+    """This rank's shard of `engine`'s state copied (local) into `role`'s own slot `slot` of `files` (one that holds
+    no committed snapshot: a snapshot in progress never overwrites the one a recovery would fall back to), or into
+    new host tensors (`files` None). The binding (spec, catalog, layout index, checks) is the last snapshot's while
+    the engine holds the same tensors: a relayout, a move or the first moments bind anew."""
     state, world = bind_train_state(engine), (dist.get_rank(), dist.get_world_size())
     tensors = (*state.values(), *map(local_tensor, state.values()))
     bound = _BOUND.get(engine)
@@ -115,37 +115,57 @@ def take_snapshot(engine: TrainEngine) -> RoleSnapshot:
         names = tuple(buffer_name(k) if buffer_name(k) in live else None for k in state)
         bound = _BOUND[engine] = Bound(tuple(map(weakref.ref, tensors)), world, names, spec, catalog, kinds, index)
     shards = {name: t for name, t in zip(bound.names, tensors[len(state):]) if name is not None}
+    out = files.own(role, slot, bound.index.sizes) if files is not None else None
     return RoleSnapshot(bound.spec, world[1], bound.kinds, optimizer_step(engine), bound.catalog,
-                        pack(bound.index, shards))
+                        pack(bound.index, shards, out), slot=slot if files is not None else None)
 
 
-def send_replicas(snaps: Mapping[str, RoleSnapshot], group: dist.ProcessGroup | None = None,
-                  recorder: TraceRecorder | None = None) -> int:
+def send_replicas(snaps: Mapping[str, RoleSnapshot], group: dist.ProcessGroup, peers: list[PeerDir] | None = None,
+                  files: SnapshotFiles | None = None, key: int = 0, recorder: TraceRecorder | None = None) -> int:
     """Collective over `group` (the snapshot's world, in its order; every rank with its roles in the same order):
-    every rank's own copies into new replica buffers on the next rank, one message per role and dtype; the bytes sent
-    between ranks over the world (the same on every rank)."""
-    rank, began, works, moved, sent = dist.get_rank(group), time.time(), [], 0, 0
-    for i, snap in enumerate(snaps.values()):
-        world = snap.world_size
-        holder, source = holder_of(rank, world), replica_source(rank, world)
-        snap.replica = empty(shard_index(snap.catalog, ring_spec(snap.spec, world), snap.kinds, rank))
+    every rank's own copies into new replica buffers on the next rank; the bytes moved between ranks over the world
+    (the same on every rank). `peers` (each rank's PeerDir, in `group`'s order) and `files` (this rank's): a holder
+    that sees its predecessor's files copies the own slots from them once told that snapshot `key` is in them; any
+    other takes one message per role and dtype over gloo."""
+    rank, began, works, moved, sent, read = dist.get_rank(group), time.time(), [], 0, 0, 0
+    world = dist.get_world_size(group)
+    holder, source = holder_of(rank, world), replica_source(rank, world)
+    local_to = peers is not None and files is not None and peers[holder].same_files(peers[rank])
+    local_from = peers is not None and files is not None and peers[source].same_files(peers[rank])
+    told = torch.tensor([key, *(-1 if s.slot is None else s.slot for s in snaps.values())], dtype=torch.int64)
+    heard = torch.empty_like(told)
+    if holder != rank:  # the slots this snapshot is in: the holder reads them once they are written
+        works += [dist.isend(told, peer_rank(group, holder), group, tag=0),
+                  dist.irecv(heard, peer_rank(group, source), group, tag=0)]
+    for i, snap in enumerate(snaps.values(), start=1):
+        snap.replica = empty(snap.ring_index(rank))
         for j, (dtype, flat) in enumerate(snap.own.items()):  # the dtypes in the order the holder's replica has them
             if holder == rank:  # a world of one: its own replica
                 snap.replica[dtype].copy_(flat)
-            else:
+            elif not local_to:
                 works.append(dist.isend(flat, peer_rank(group, holder), group, tag=16 * i + j))
                 sent += flat.nbytes
-        if source != rank:
+        if source != rank and not local_from:
             works += [dist.irecv(flat, peer_rank(group, source), group, tag=16 * i + j)
                       for j, flat in enumerate(snap.replica.values())]
         moved += sum(shard_index(snap.catalog, snap.spec, snap.kinds, r).nbytes for r in snap.spec.ranks
                      if holder_of(r, world) != r)
+    messages = len(works)
+    if source != rank and local_from:
+        works.pop(1).wait()  # a gloo work waited twice waits for a second message
+        if int(heard[0]) != key:
+            raise RuntimeError(f"rank {source} announced snapshot {int(heard[0])} to its replica holder, not {key}")
+        for (role, snap), slot in zip(snaps.items(), heard[1:].tolist()):
+            if snap.replica:
+                for dtype, flat in files.peer(peers[source].directory, role, slot, snap.ring_index(rank).sizes).items():
+                    snap.replica[dtype].copy_(flat)
+                    read += flat.nbytes
     for work in works:
         work.wait()
     if recorder is not None:
         recorder.add("elastic/snapshot", 0, began, time.time() - began, dict(
-            bytes_sent=sent, bytes_received=sum(t.nbytes for s in snaps.values() for t in s.replica.values()),
-            messages=len(works)))
+            bytes_sent=sent, bytes_received=sum(t.nbytes for s in snaps.values() for t in s.replica.values()) - read,
+            bytes_read_from_files=read, messages=messages))
     return moved
 
 
@@ -194,45 +214,22 @@ def restore_role(snap: RoleSnapshot, destination: TrainEngine | None, dst_spec: 
     return Restored(time.perf_counter() - start, int(moved.item()), local)
 
 
-def spill_own(snaps: dict[str, RoleSnapshot], directory: Path, key: int) -> int:
-    """Every role's own copy of the committed snapshot `key` written to `directory` (whole or absent: a temporary name,
-    then renamed) and its host memory freed; the files of older snapshots removed. The bytes on disk."""
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for role, snap in snaps.items():
-        path, partial = directory / f"{key}-{role}.safetensors", directory / f"{key}-{role}.partial"
-        save_file(snap.own, partial)  # one flat tensor per dtype
-        os.replace(partial, path)
-        snap.own, snap.own_file = {}, path
-        written.append(path)
-    for old in directory.iterdir():
-        if old not in written:
-            old.unlink(missing_ok=True)
-    return sum(p.stat().st_size for p in written)
-
-
-def remove_own_files(directory: Path | None) -> None:
-    """The end of the run: this process's snapshot files gone (the launcher removes a killed rank's: launch/scratch)."""
-    if directory is not None:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
 def snapshot_bytes(snaps: dict[str, RoleSnapshot]) -> tuple[int, int]:
-    """(own, replica) bytes this rank holds in host memory for its snapshots (own: 0 once written to disk)."""
-    own = sum(t.numel() * t.element_size() for s in snaps.values() for t in s.own.values())
-    rep = sum(t.numel() * t.element_size() for s in snaps.values() for t in s.replica.values())
-    return own, rep
+    """(own, replica) bytes this rank holds in host memory for its snapshots (own: 0 where they are mapped files)."""
+    own = sum(t.nbytes for s in snaps.values() if s.slot is None for t in s.own.values())
+    return own, sum(t.nbytes for s in snaps.values() for t in s.replica.values())
 
 
 def held_bytes(snaps: dict[str, RoleSnapshot]) -> int:
-    """Host memory this rank holds for `snaps`: own copies not yet on disk and replicas."""
+    """Host memory this rank holds for `snaps`: own copies not in files, and replicas."""
     return sum(snapshot_bytes(snaps))
 
 
-def memory_metrics(snaps: dict[str, RoleSnapshot], disk: int, peak: int) -> dict[str, float]:
+def memory_metrics(snaps: dict[str, RoleSnapshot], peak: int) -> dict[str, float]:
     """A committed snapshot's memory on this rank: elastic/snapshot/host_bytes (held from now on: the replica, the own
-    copy being on disk), replica_bytes, disk_bytes, and peak_host_bytes (`peak`: held while it was sent)."""
+    copy being in its file), replica_bytes, disk_bytes (the own copies' files), and peak_host_bytes (`peak`: held while
+    it was sent)."""
     own, replica = snapshot_bytes(snaps)
+    disk = sum(t.nbytes for s in snaps.values() if s.slot is not None for t in s.own.values())
     return {"elastic/snapshot/host_bytes": float(own + replica), "elastic/snapshot/replica_bytes": float(replica),
             "elastic/snapshot/disk_bytes": float(disk), "elastic/snapshot/peak_host_bytes": float(peak)}
-
