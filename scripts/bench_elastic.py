@@ -33,15 +33,15 @@ With `--part recovery` (elastic.replicas=1, docs/elastic/recovery.md), on 4 rank
 - kill and relaunch: the same kill in a run without replicas that checkpoints every 5 steps; from the kill to the
   launcher's exit (the run stops), and from there a relaunch on the 3 ranks left with `trainer.resume` of step 5 to
   step 6's row (the relaunch's imports, vLLM start-up, the checkpoint load, step 6);
-- the snapshots' cost: grpo_tiny and ppo_tiny, 12 steps each with elastic.replicas=0 and =1, in `--repeats` A/B pairs
-  (default 3) run back to back, the order alternating from pair to pair: the mean step time (`timing_s/step`, steps
-  2-12) of each run and each pair's change; the pair with the median change is shown, every pair listed. Of that
-  pair's run with replicas: the snapshot's part on the loop's path after the step (the copy to host memory and the
-  wait for the previous send: `elastic/snapshot/{copy,wait}_seconds`) and its send, which runs beside the next step
-  (`elastic/snapshot/seconds`, the own copy's write to node-local disk after the commit included: `write_seconds`),
-  over the mean step without replicas; the CPU seconds a snapshot costs rank 0's Python threads (`cpu_seconds`: the
-  copy and the snapshot thread, a figure the machine's load changes little); rank 0's host memory for the snapshots
-  (`host_bytes`: the replica it holds, `peak_host_bytes` while a snapshot is sent) and its bytes on disk
+- the snapshots' cost: grpo_tiny and ppo_tiny, `--cost-steps` steps each (default 20) with elastic.replicas=0 and
+  =1, in `--repeats` A/B pairs (default 3) run back to back, the order alternating from pair to pair: the mean
+  iteration of each run (`timing_s/iteration`, steps 3 on: the step with the loop's work after it, the snapshot's copy
+  included) and each pair's change; the pair with the median change is shown, every pair listed. Of that pair's run
+  with replicas: the snapshot's part on the loop's path after the step (the copy into the own slot files and the wait
+  for the previous send: `elastic/snapshot/{copy,wait}_seconds`) and its send, which runs beside the next step
+  (`elastic/snapshot/seconds`), over the mean iteration without replicas; the CPU seconds a snapshot costs rank 0's
+  Python threads (`cpu_seconds`: the copy and the snapshot thread); rank 0's host memory for the snapshots
+  (`host_bytes`: the replica it holds, `peak_host_bytes` while a snapshot is sent) and its own copies' files
   (`disk_bytes`).
 
     python scripts/bench_elastic.py --part recovery --out docs/bench/bench_recovery.json --note "..."
@@ -211,19 +211,18 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def cost_run(tmp: Path, recipe: str, replicas: int, repeat: int) -> dict:
-    """One run of `recipe` on 4 ranks, 12 steps: its mean step (steps 2-12; step 1 pays one-off costs) and, with
-    replicas, the snapshot's figures (rank 0)."""
+def cost_run(tmp: Path, recipe: str, replicas: int, repeat: int, steps: int) -> dict:
+    """One run of `recipe` on 4 ranks: its mean iteration (`timing_s/iteration`: the step with the snapshot's copy
+    on the loop's path; steps 3 on, the first two pay one-off costs) and, with replicas, the snapshot's figures (rank 0)."""
     run_dir = tmp / f"{recipe}_{replicas}_{repeat}"
-    finish(app(run_dir, f"recipe={recipe}", "parallel.world_size=4", "trainer.total_steps=12",
+    finish(app(run_dir, f"recipe={recipe}", "parallel.world_size=4", f"trainer.total_steps={steps}",
                f"elastic.replicas={replicas}"))
-    steps = rows(run_dir)[2:]
-    out = {"step_seconds": mean([r["timing_s/step"] for r in steps])}
+    steps = rows(run_dir)[3:]
+    out = {"step_seconds": mean([r["timing_s/iteration"] for r in steps])}
     if replicas:  # the copy and the wait for the previous send are on the loop's path; the send runs beside it
         out["on_path_seconds"] = mean([r["elastic/snapshot/copy_seconds"] + r["elastic/snapshot/wait_seconds"]
                                        for r in steps])
-        for name, key in (("snapshot_seconds", "seconds"), ("cpu_seconds", "cpu_seconds"),
-                          ("write_seconds", "write_seconds")):
+        for name, key in (("snapshot_seconds", "seconds"), ("cpu_seconds", "cpu_seconds")):
             out[name] = mean([r[f"elastic/snapshot/{key}"] for r in steps])
         out["snapshot_bytes"] = steps[-1]["elastic/snapshot/bytes"]
         for key in ("host", "replica", "disk", "peak_host"):
@@ -231,14 +230,14 @@ def cost_run(tmp: Path, recipe: str, replicas: int, repeat: int) -> dict:
     return out
 
 
-def snapshot_cost(tmp: Path, recipe: str, repeats: int) -> dict:
+def snapshot_cost(tmp: Path, recipe: str, repeats: int, steps: int) -> dict:
     """`repeats` A/B pairs of runs without and with replicas, back to back, the order alternating (a drift of the
     machine's load falls on both sides); the pair with the median step time change (the lower middle one for an even
     count) is shown, every pair listed."""
     pairs = []
     for repeat in range(repeats):
         order = (0, 1) if repeat % 2 == 0 else (1, 0)
-        runs = {replicas: cost_run(tmp, recipe, replicas, repeat) for replicas in order}
+        runs = {replicas: cost_run(tmp, recipe, replicas, repeat, steps) for replicas in order}
         without, with_replicas = runs[0].pop("step_seconds"), runs[1].pop("step_seconds")
         pairs.append({"replicas0_step_seconds": without, "replicas1_step_seconds": with_replicas,
                       "step_time_change": with_replicas / without - 1, **runs[1]})
@@ -251,11 +250,11 @@ def snapshot_cost(tmp: Path, recipe: str, repeats: int) -> dict:
     return out
 
 
-def recovery_main(out: Path, load: tuple[float, ...], note: str, repeats: int) -> None:
+def recovery_main(out: Path, load: tuple[float, ...], note: str, repeats: int, steps: int) -> None:
     with tempfile.TemporaryDirectory(prefix="bench_recovery_") as tmp:
         recovery = recovery_path(Path(tmp))
         restart = kill_restart_path(Path(tmp))
-        costs = {recipe: snapshot_cost(Path(tmp), recipe, repeats) for recipe in ("grpo_tiny", "ppo_tiny")}
+        costs = {recipe: snapshot_cost(Path(tmp), recipe, repeats, steps) for recipe in ("grpo_tiny", "ppo_tiny")}
     ratio = recovery["kill_to_first_step_seconds"] / restart["kill_to_first_step_seconds"]
     result = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": f"{os.cpu_count()} CPU cores",
               "load_average_at_start": [round(x, 1) for x in load], "note": note,
@@ -270,15 +269,15 @@ def recovery_main(out: Path, load: tuple[float, ...], note: str, repeats: int) -
     for recipe, c in costs.items():
         print(f"{recipe}: step time change of each A/B pair: "
               + ", ".join(f"{100 * p['step_time_change']:+.1f}%" for p in c["pairs"]))
-        print(f"{recipe}: step {c['replicas0_step_seconds']:.3f} s without replicas, {c['replicas1_step_seconds']:.3f} s "
+        print(f"{recipe}: iteration {c['replicas0_step_seconds']:.3f} s without replicas, {c['replicas1_step_seconds']:.3f} s "
               f"with ({100 * c['step_time_change']:+.1f}%, the median pair); on the loop's path "
               f"{c['on_path_seconds']:.4f} s "
               f"({100 * c['on_path_over_step']:.1f}% of a step); the send beside it {c['snapshot_seconds']:.3f} s, "
               f"{c['cpu_seconds']:.4f} CPU seconds in all, "
-              f"{c['snapshot_bytes'] / 2**20:.2f} MiB sent, the own copy written to disk {c['write_seconds']:.3f} s; per rank "
+              f"{c['snapshot_bytes'] / 2**20:.2f} MiB moved; per rank "
               f"(rank 0) {c['host_bytes_per_rank'] / 2**20:.2f} MiB host memory (the replica: "
               f"{c['replica_bytes_per_rank'] / 2**20:.2f} MiB), {c['peak_host_bytes_per_rank'] / 2**20:.2f} MiB during a "
-              f"send, {c['disk_bytes_per_rank'] / 2**20:.2f} MiB on node-local disk")
+              f"send, {c['disk_bytes_per_rank'] / 2**20:.2f} MiB in its own slot files")
 
 
 def main() -> None:
@@ -288,10 +287,12 @@ def main() -> None:
     parser.add_argument("--note", default="", help="what else shared the machine, for the record")
     parser.add_argument("--repeats", type=int, default=3,
                         help="membership: runs of every path; recovery: A/B pairs of the snapshots' cost; the median is shown")
+    parser.add_argument("--cost-steps", type=int, default=20, help="recovery: steps of each run of the snapshots' cost")
     args = parser.parse_args()
     load = os.getloadavg()
     if args.part == "recovery":
-        return recovery_main(args.out or Path("docs/bench/bench_recovery.json"), load, args.note, args.repeats)
+        return recovery_main(args.out or Path("docs/bench/bench_recovery.json"), load, args.note, args.repeats,
+                             args.cost_steps)
     args.out = args.out or Path("docs/bench/bench_elastic.json")
     runs = []
     for _ in range(args.repeats):  # each path's runs one after another, the repeats after that

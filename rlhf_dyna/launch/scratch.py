@@ -2,7 +2,7 @@
 node's temp dir, named after the run and the process, and removed when the run ends (as its /dev/shm segments are).
 
 Not the run directory: that may be on a network filesystem, and these files are written every snapshot and read back
-only by the process that wrote them (a survivor rolling back to the snapshot)."""
+by the process that wrote them (a survivor rolling back to the snapshot) and by its replica holder on the same node."""
 from __future__ import annotations
 
 import shutil

@@ -103,12 +103,13 @@ def run_steps(run: Run, runtime: Runtime, set_up: Callable[[], None]) -> None:
 
 def step_and_log(run: Run, runtime: Runtime, step: int, recovery: Recovery | None) -> None:
     """One step, its evaluation when due, a snapshot when due (elastic.replicas), the log line and a checkpoint."""
-    cfg = run.cfg
+    cfg, started = run.cfg, time.perf_counter()
     metrics = rl_step(run, runtime, step, recovery)
     if step % cfg.task.eval_every == 0 or step == cfg.trainer.total_steps:
         metrics.update(runtime.evaluate())
     if recovery is not None:
         metrics.update(recovery.after_step(run, runtime, step))
+    metrics["timing_s/iteration"] = time.perf_counter() - started  # the step and the loop's work after it
     run.log(step, metrics)
     save(run, runtime, step)
 

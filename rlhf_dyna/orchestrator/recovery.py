@@ -55,8 +55,8 @@ from ..launch.world_record import publish_world
 from ..rollout.reform import release_groups
 from ..train.mesh import build_mesh
 from ..transition.relayout import empty_engine_like, meta_skeleton
-from ..transition.replica_state import (RoleSnapshot, held_bytes, memory_metrics, restore_role, send_replicas,
-                                        shell_of, take_snapshot)
+from ..transition.replica_state import (RoleSnapshot, held_bytes, memory_metrics, replica_buffers, restore_role,
+                                        send_replicas, shell_of, take_snapshot)
 from ..transition.snapshot_files import PeerDir, SnapshotFiles
 from .checkpoint_recovery import load_in_place, newest_complete
 from .leave import trained_layout
@@ -137,6 +137,7 @@ class Recovery:
         if self.cfg.placement.policy == "split":  # a rollout rank holds no role, but may hold (and serve) a replica
             shells = runtime.from_actor({role: shell_of(snap) for role, snap in roles.items()})
             roles = roles or shells
+        replica_buffers(roles, dist.get_rank())
         self.templates = {role: EngineTemplate.of(e, self.templates.get(role)) for role, e in engines.items()}
         membership = getattr(runtime, "membership", None)
         loop = LoopState.of(run, step, SnapshotWorld(getattr(membership, "placement", self.placement), runtime.layout),
@@ -171,7 +172,7 @@ class Recovery:
             self.files.keep_only({role: {d: t.numel() for d, t in snap.own.items()} for role, snap in roles.items()},
                                  {role: snap.ring_index(rank).sizes for role, snap in roles.items()})
             self.sent = {"elastic/snapshot/seconds": copied + time.perf_counter() - began,
-                         "elastic/snapshot/bytes": float(moved), **memory_metrics(roles, peak),
+                         "elastic/snapshot/bytes": float(moved), **memory_metrics(roles, peak, self.files.disk_bytes()),
                          "elastic/snapshot/cpu_seconds": cpu + time.thread_time() - cpu_began}
         except Exception as err:  # noqa: BLE001 - handed to the main thread by finish_sending
             self.send_error = err

@@ -138,7 +138,8 @@ def send_replicas(snaps: Mapping[str, RoleSnapshot], group: dist.ProcessGroup, p
         works += [dist.isend(told, peer_rank(group, holder), group, tag=0),
                   dist.irecv(heard, peer_rank(group, source), group, tag=0)]
     for i, snap in enumerate(snaps.values(), start=1):
-        snap.replica = empty(snap.ring_index(rank))
+        if not snap.replica:  # made here unless the caller made them (replica_buffers)
+            snap.replica = empty(snap.ring_index(rank))
         for j, (dtype, flat) in enumerate(snap.own.items()):  # the dtypes in the order the holder's replica has them
             if holder == rank:  # a world of one: its own replica
                 snap.replica[dtype].copy_(flat)
@@ -167,6 +168,13 @@ def send_replicas(snaps: Mapping[str, RoleSnapshot], group: dist.ProcessGroup, p
             bytes_sent=sent, bytes_received=sum(t.nbytes for s in snaps.values() for t in s.replica.values()) - read,
             bytes_read_from_files=read, messages=messages))
     return moved
+
+
+def replica_buffers(snaps: Mapping[str, RoleSnapshot], rank: int) -> None:
+    """Each snapshot's replica buffers made now, on the loop's thread, for send_replicas to fill: glibc's main arena
+    hands back the pages of the replicas freed at the last commit, where a thread's arena maps fresh ones to fault in."""
+    for snap in snaps.values():
+        snap.replica = empty(snap.ring_index(rank))
 
 
 @dataclass(frozen=True)
@@ -225,11 +233,10 @@ def held_bytes(snaps: dict[str, RoleSnapshot]) -> int:
     return sum(snapshot_bytes(snaps))
 
 
-def memory_metrics(snaps: dict[str, RoleSnapshot], peak: int) -> dict[str, float]:
+def memory_metrics(snaps: dict[str, RoleSnapshot], peak: int, disk: int) -> dict[str, float]:
     """A committed snapshot's memory on this rank: elastic/snapshot/host_bytes (held from now on: the replica, the own
-    copy being in its file), replica_bytes, disk_bytes (the own copies' files), and peak_host_bytes (`peak`: held while
-    it was sent)."""
+    copy being in its file), replica_bytes, disk_bytes (`disk`: the own slot files, both slots), and peak_host_bytes
+    (`peak`: held while it was sent)."""
     own, replica = snapshot_bytes(snaps)
-    disk = sum(t.nbytes for s in snaps.values() if s.slot is not None for t in s.own.values())
     return {"elastic/snapshot/host_bytes": float(own + replica), "elastic/snapshot/replica_bytes": float(replica),
             "elastic/snapshot/disk_bytes": float(disk), "elastic/snapshot/peak_host_bytes": float(peak)}

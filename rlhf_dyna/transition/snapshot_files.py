@@ -57,6 +57,7 @@ class SnapshotFiles:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._maps: dict[Path, tuple[tuple[int, int], Tensor]] = {}  # path -> ((device, inode), its mapping)
+        self._kept: tuple[set[str], set[str]] | None = None  # the names the last keep_only kept
 
     def own(self, role: str, slot: int, sizes: dict[str, int]) -> dict[str, Tensor]:
         """`role`'s slot `slot`: one tensor per dtype of `sizes` (dtype -> elements), mapped shared on its file (made
@@ -72,6 +73,8 @@ class SnapshotFiles:
 
     def _map(self, path: Path, numel: int, dtype: str, create: bool) -> Tensor:
         torch_dtype = TORCH_DTYPES[dtype]
+        if create and path in self._maps:  # an own file: only this process makes or removes it
+            return self._maps[path][1]
         try:
             stat = path.stat()
         except FileNotFoundError:
@@ -94,14 +97,22 @@ class SnapshotFiles:
         """Only the files of the committed snapshot's sizes (role -> dtype -> elements) kept, both slots of each: own
         files of other sizes (a layout before a relayout) removed, and the mappings of any other file dropped."""
         mine, theirs = _names(own), _names(peer)
+        if (mine, theirs) == self._kept:
+            return
+        self._kept = (mine, theirs)
         self._maps = {p: m for p, m in self._maps.items() if p.name in (mine if p.parent == self.directory else theirs)}
         for path in self.directory.iterdir() if self.directory.exists() else ():
             if path.name not in mine:
                 path.unlink(missing_ok=True)
 
+    def disk_bytes(self) -> int:
+        """The bytes of this rank's own slot files (every one is mapped)."""
+        return sum(m.nbytes for p, (_, m) in self._maps.items() if p.parent == self.directory)
+
     def forget_peers(self) -> None:
         """The predecessor's mappings dropped (a new ring: another predecessor, or its files gone)."""
         self._maps = {p: m for p, m in self._maps.items() if p.parent == self.directory}
+        self._kept = None
 
     def remove(self) -> None:
         """The end of the run: every mapping dropped and this rank's directory removed."""

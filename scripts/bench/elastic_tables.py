@@ -143,23 +143,22 @@ def snapshot_cost(bench: Path) -> str:
     report, mib = read(bench, "bench_recovery.json"), 2**20
     costs = report["snapshot_cost"]
     rows = [
-        ("mean step without / with replicas (steps 2-12; the A/B pair with the median change)",
+        ("mean iteration without / with replicas (`timing_s/iteration`, steps 3 on; the A/B pair with the median change)",
          lambda c: f"{c['replicas0_step_seconds']:.3f} / {c['replicas1_step_seconds']:.3f} s "
          f"({100 * c['step_time_change']:+.1f}%)"),
         ("the change in every A/B pair (run back to back, the order alternating)",
          lambda c: ", ".join(f"{100 * p['step_time_change']:+.1f}%" for p in c["pairs"])),
-        ("on the loop's path: the copy to host memory and the wait for the previous send",
+        ("on the loop's path (in the iteration): the copy into the own slot files and the wait for the previous send",
          lambda c: f"{c['on_path_seconds']:.4f} s ({100 * c['on_path_over_step']:.1f}% of a step)"),
-        ("beside the next step: the send, the commit and the own copy's write (`elastic/snapshot/seconds`)",
+        ("beside the next step: the replicas and the commit (`elastic/snapshot/seconds`)",
          lambda c: f"{c['snapshot_seconds']:.3f} s ({c['snapshot_bytes'] / mib:.1f} MiB over the world)"),
-        ("... of which the write to node-local disk (`write_seconds`)", lambda c: f"{c['write_seconds']:.4f} s"),
         ("CPU seconds of a snapshot on the rank's Python threads, the copy and the send (`cpu_seconds`)",
          lambda c: f"{c['cpu_seconds']:.4f} s ({100 * c['cpu_over_step']:.1f}% of a step)"),
         ("host memory per rank between snapshots (`host_bytes`: the predecessor's replica)",
          lambda c: f"{c['host_bytes_per_rank'] / mib:.2f} MiB (replica {c['replica_bytes_per_rank'] / mib:.2f} MiB)"),
         ("host memory per rank while a snapshot is sent (`peak_host_bytes`)",
          lambda c: f"{c['peak_host_bytes_per_rank'] / mib:.2f} MiB"),
-        ("node-local disk per rank (`disk_bytes`: its own shards)", lambda c: f"{c['disk_bytes_per_rank'] / mib:.2f} MiB"),
+        ("node-local disk per rank (`disk_bytes`: its own shards, two slots)", lambda c: f"{c['disk_bytes_per_rank'] / mib:.2f} MiB"),
     ]
     lines = [f"| rank 0, K=1, 4 ranks | {' | '.join(costs)} |", "|---|" + "---|" * len(costs)]
     lines += [f"| {what} | {' | '.join(cell(c) for c in costs.values())} |" for what, cell in rows]

@@ -16,7 +16,7 @@ def test_one_directory_per_process_under_the_temp_dir_and_the_whole_run_removed(
     assert process_scratch(ident, "request0") == scratch_root(ident) / "request0"
     for process in (0, 2, "request0"):  # rank 2 killed: its file stays until the launcher cleans up
         process_scratch(ident, process).mkdir(parents=True)
-        (process_scratch(ident, process) / "5-actor.safetensors").write_bytes(b"x")
+        (process_scratch(ident, process) / "actor.0.float32.64").write_bytes(b"x")
     other = process_scratch("rlhfdyna-another", 0)
     other.mkdir(parents=True)
     assert clean_scratch(ident) is True
