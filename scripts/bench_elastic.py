@@ -33,7 +33,7 @@ With `--part recovery` (elastic.replicas=1, docs/elastic/recovery.md), on 4 rank
 - kill and relaunch: the same kill in a run without replicas that checkpoints every 5 steps; from the kill to the
   launcher's exit (the run stops), and from there a relaunch on the 3 ranks left with `trainer.resume` of step 5 to
   step 6's row (the relaunch's imports, vLLM start-up, the checkpoint load, step 6);
-- the snapshots' cost: grpo_tiny and ppo_tiny, `--cost-steps` steps each (default 20) with elastic.replicas=0 and
+- the snapshots' cost: grpo_tiny and ppo_tiny, `--cost-steps` steps each (default 12) with elastic.replicas=0 and
   =1, in `--repeats` A/B pairs (default 3) run back to back, the order alternating from pair to pair: the mean
   iteration of each run (`timing_s/iteration`, steps 3 on: the step with the loop's work after it, the snapshot's copy
   included) and each pair's change; the pair with the median change is shown, every pair listed. Of that pair's run
@@ -287,7 +287,7 @@ def main() -> None:
     parser.add_argument("--note", default="", help="what else shared the machine, for the record")
     parser.add_argument("--repeats", type=int, default=3,
                         help="membership: runs of every path; recovery: A/B pairs of the snapshots' cost; the median is shown")
-    parser.add_argument("--cost-steps", type=int, default=20, help="recovery: steps of each run of the snapshots' cost")
+    parser.add_argument("--cost-steps", type=int, default=12, help="recovery: steps of each run of the snapshots' cost")
     args = parser.parse_args()
     load = os.getloadavg()
     if args.part == "recovery":

@@ -119,7 +119,7 @@ def recovery_paths(bench: Path) -> str:
         ("recovery: kill -9 of rank 2 during step 6 -> the survivors' error and the announcement (`detect_seconds`)",
          rec["detect_seconds"]),
         ("recovery: old world released, new default group over 3 ranks (`world_seconds`)", rec["world_seconds"]),
-        (f"recovery: the state rebuilt from own shards (read back from node-local disk) and rank 3's replica, "
+        (f"recovery: the state rebuilt from own shards (mapped from node-local slot files) and rank 3's replica, "
          f"{rec['bytes_moved'] / 2**20:.1f} MiB moved (`move_seconds`)", rec["move_seconds"]),
         ("recovery: vLLM re-formed, weights synced, loop rolled back to step 5 (`rollout_seconds`)",
          rec["rollout_seconds"]),
@@ -146,8 +146,9 @@ def snapshot_cost(bench: Path) -> str:
         ("mean iteration without / with replicas (`timing_s/iteration`, steps 3 on; the A/B pair with the median change)",
          lambda c: f"{c['replicas0_step_seconds']:.3f} / {c['replicas1_step_seconds']:.3f} s "
          f"({100 * c['step_time_change']:+.1f}%)"),
-        ("the change in every A/B pair (run back to back, the order alternating)",
-         lambda c: ", ".join(f"{100 * p['step_time_change']:+.1f}%" for p in c["pairs"])),
+        ("the change in every A/B pair (run back to back, the order alternating), and their mean",
+         lambda c: ", ".join(f"{100 * p['step_time_change']:+.1f}%" for p in c["pairs"])
+         + f" (mean {100 * sum(p['step_time_change'] for p in c['pairs']) / len(c['pairs']):+.1f}%)"),
         ("on the loop's path (in the iteration): the copy into the own slot files and the wait for the previous send",
          lambda c: f"{c['on_path_seconds']:.4f} s ({100 * c['on_path_over_step']:.1f}% of a step)"),
         ("beside the next step: the replicas and the commit (`elastic/snapshot/seconds`)",
@@ -166,7 +167,7 @@ def snapshot_cost(bench: Path) -> str:
     note = f"; {report['note']}" if report.get("note") else ""
     return "\n".join(lines) + (f"\n\nData: `docs/bench/bench_recovery.json` ({report['date']}, {report['machine']}, load "
                                f"average {load} at the start{note}): `python scripts/bench_elastic.py --part recovery "
-                               f"--out docs/bench/bench_recovery.json`.")
+                               f"--repeats {len(next(iter(costs.values()))['pairs'])} --out docs/bench/bench_recovery.json`.")
 
 
 def short(result: str) -> str:
