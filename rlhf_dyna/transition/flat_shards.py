@@ -60,18 +60,26 @@ def shard_index(catalog: ModelCatalog, spec: ParallelSpec, kinds: tuple[Kind, ..
 
 @torch.no_grad()
 def pack(index: ShardIndex, tensors: Mapping[str, Tensor], out: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
-    """`tensors` (the index's buffers) copied into one host tensor per dtype (one torch.cat each): `out`'s (e.g. a
-    snapshot's mapped slot, transition/snapshot_files.py), or new ones."""
+    """`tensors` (the index's buffers) copied into one host tensor per dtype: `out`'s (e.g. a snapshot's mapped slot,
+    transition/snapshot_files.py), or new ones. Host shards: one torch.cat each; device shards: each tensor copied to
+    its place in the host tensor (a concatenation on the device would hold a second copy of the shard there)."""
     flat = {}
-    for dtype in index.sizes:
-        parts = [tensors[name].reshape(-1) for name, _, d, _, _ in index.entries if d == dtype]
-        if out is None:
-            flat[dtype] = torch.cat(parts).to("cpu")  # a GPU shard: concatenated on the device, one copy to the host
-        elif parts[0].device.type == "cpu":
-            flat[dtype] = torch.cat(parts, out=out[dtype])
+    for dtype, numel in index.sizes.items():
+        entries = [(tensors[name].reshape(-1), offset, n) for name, _, d, offset, n in index.entries if d == dtype]
+        if entries[0][0].device.type == "cpu":
+            parts = [t for t, _, _ in entries]
+            flat[dtype] = torch.cat(parts) if out is None else torch.cat(parts, out=out[dtype])
         else:
-            flat[dtype] = out[dtype].copy_(torch.cat(parts))
+            flat[dtype] = copy_in_place(entries, torch.empty(numel, dtype=TORCH_DTYPES[dtype]) if out is None
+                                        else out[dtype])
     return flat
+
+
+def copy_in_place(entries: list[tuple[Tensor, int, int]], host: Tensor) -> Tensor:
+    """`host` with each (tensor, offset, numel) of `entries` copied to host[offset:offset + numel]."""
+    for tensor, offset, numel in entries:
+        host[offset:offset + numel].copy_(tensor)
+    return host
 
 
 def empty(index: ShardIndex) -> dict[str, Tensor]:

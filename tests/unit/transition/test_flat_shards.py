@@ -10,7 +10,7 @@ import torch
 from rlhf_dyna.elastic.replicas import holder_of, ring_spec
 from rlhf_dyna.models.catalog import catalog_from_config
 from rlhf_dyna.parallel_layout import ParallelLayout
-from rlhf_dyna.transition.flat_shards import empty, pack, shard_index, unpack
+from rlhf_dyna.transition.flat_shards import copy_in_place, empty, pack, shard_index, unpack
 from rlhf_dyna.transition.views import TORCH_DTYPES
 from rlhf_dyna.vps.tensor import Kind
 
@@ -41,3 +41,22 @@ def test_a_shard_packs_flat_per_dtype_and_reads_back_bit_for_bit_on_the_next_ran
             assert torch.equal(view, live[name]), name
         live[next(iter(live))].add_(1)  # the copy is the live state's at packing, not a view of it
         assert not torch.equal(unpack(index, flat)[next(iter(live))], live[next(iter(live))])
+
+
+def test_a_device_shard_is_copied_tensor_by_tensor_into_the_same_flat_layout() -> None:
+    """The path a GPU shard takes (copy_in_place, no concatenation on the device), run here on host tensors: the same
+    bytes at the same offsets as the host path's torch.cat, into a given tensor such as a slot file's."""
+    catalog = catalog_from_config(CONFIG, param_dtype="bfloat16", state_dtype="float32")
+    index = shard_index(catalog, ParallelLayout(tp=2).fill(4).spec(), KINDS, 1)
+    generator = torch.Generator().manual_seed(1)
+    live = {name: torch.randn(b.shape, generator=generator).to(TORCH_DTYPES[b.dtype])
+            for name, b in index.buffers.items()}
+    by_cat = pack(index, live)
+    slots = {dtype: torch.full_like(t, float("nan")) for dtype, t in by_cat.items()}
+    for dtype, host in slots.items():
+        entries = [(live[name].reshape(-1), offset, n) for name, _, d, offset, n in index.entries if d == dtype]
+        assert copy_in_place(entries, host) is host
+        assert torch.equal(host, by_cat[dtype]), dtype
+    again = {dtype: torch.zeros_like(t) for dtype, t in by_cat.items()}
+    packed = pack(index, live, out=again)  # host shards into given tensors (a slot file's): torch.cat's out
+    assert all(packed[d] is again[d] and torch.equal(again[d], by_cat[d]) for d in by_cat)
