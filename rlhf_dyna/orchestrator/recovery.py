@@ -104,6 +104,7 @@ class Recovery:
         self.recorder = None  # the runtime's trace: the snapshots' and the recovery's events
         self.files: SnapshotFiles | None = None  # node-local: the own copies' slot files (launch/scratch.py)
         self.peers: tuple[dist.ProcessGroup, list[PeerDir]] | None = None  # the side group's ranks' files
+        self.committed_ring = None  # the side group the committed snapshot (self.roles) was sent over
         rank, world = dist.get_rank(), dist.get_world_size()
         fallback = recovers_from_checkpoint(cfg.elastic.replicas, cfg.elastic.recover_from_checkpoint)
         if self.snapshots:
@@ -133,7 +134,9 @@ class Recovery:
         start, cpu = time.perf_counter(), time.thread_time()
         engines = {role: getattr(runtime, role) for role in ROLES if getattr(runtime, role) is not None}
         slots = {role: 1 - (snap.slot or 0) for role, snap in self.roles.items()}  # not the committed one's
-        roles = {role: take_snapshot(engine, self.files, role, slots.get(role, 0)) for role, engine in engines.items()}
+        keep = self.roles if self.committed_ring is self.side else {}  # a frozen role's, where the ring is the same
+        roles = {role: take_snapshot(engine, self.files, role, slots.get(role, 0), keep.get(role))
+                 for role, engine in engines.items()}
         if self.cfg.placement.policy == "split":  # a rollout rank holds no role, but may hold (and serve) a replica
             shells = runtime.from_actor({role: shell_of(snap) for role, snap in roles.items()})
             roles = roles or shells
@@ -161,13 +164,14 @@ class Recovery:
                 dist.all_gather_object(peers, PeerDir.of(self.files.directory), group=self.side)
                 self.peers = (self.side, peers)
                 self.files.forget_peers()
-            moved = send_replicas(roles, self.side, self.peers[1], self.files, loop.key, self.recorder)
+            moved = send_replicas(roles, self.side, self.peers[1], self.files, loop.key, self.recorder,
+                                  self.roles if self.committed_ring is self.side else None)
             # complete here (this rank's receives are done); committed once every rank is: a lost rank may interrupt
             # the barrier after some passed it, and then every rank had received everything (recover promotes it)
             self.staged = (roles, loop)
             dist.barrier(group=self.side)
-            peak = held_bytes(roles) + held_bytes(self.roles)  # the previous snapshot: held until this commit
-            (self.roles, self.loop), self.staged = self.staged, None
+            peak = held_bytes(roles, self.roles)  # the previous snapshot: held until this commit
+            (self.roles, self.loop), self.staged, self.committed_ring = self.staged, None, self.side
             rank = dist.get_rank(self.side)
             self.files.keep_only({role: {d: t.numel() for d, t in snap.own.items()} for role, snap in roles.items()},
                                  {role: snap.ring_index(rank).sizes for role, snap in roles.items()})

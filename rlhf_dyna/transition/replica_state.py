@@ -60,6 +60,7 @@ class RoleSnapshot:
     own: dict[str, Tensor]  # mapped on the own slot's files (`slot`), or in host memory (slot None)
     replica: dict[str, Tensor] = field(default_factory=dict)
     slot: int | None = None  # the own slot file (snapshot_files.SnapshotFiles.own) that holds `own`
+    kept: bool = False  # a frozen role's committed snapshot kept: its own copy and its replica not made again
 
     def own_state(self, rank: int) -> dict[str, Tensor]:
         """This rank's own copy by VPS buffer name (`rank`: its number in the snapshot's world)."""
@@ -98,14 +99,20 @@ _BOUND: weakref.WeakKeyDictionary[TrainEngine, Bound] = weakref.WeakKeyDictionar
 
 
 def take_snapshot(engine: TrainEngine, files: SnapshotFiles | None = None, role: str = "",
-                  slot: int = 0) -> RoleSnapshot:
+                  slot: int = 0, keep: RoleSnapshot | None = None) -> RoleSnapshot:
     """This rank's shard of `engine`'s state copied (local) into `role`'s own slot `slot` of `files` (one that holds
     no committed snapshot: a snapshot in progress never overwrites the one a recovery would fall back to), or into
     new host tensors (`files` None). The binding (spec, catalog, layout index, checks) is the last snapshot's while
-    the engine holds the same tensors: a relayout, a move or the first moments bind anew."""
+    the engine holds the same tensors: a relayout, a move or the first moments bind anew. `keep`: the role's
+    committed snapshot on the current ring; a frozen engine (no optimizer) still bound to the same tensors keeps its
+    own copy, slot and (send_replicas) replica."""
     state, world = bind_train_state(engine), (dist.get_rank(), dist.get_world_size())
     tensors = (*state.values(), *map(local_tensor, state.values()))
     bound = _BOUND.get(engine)
+    if bound is not None and bound.holds(tensors, world) and engine.optimizer is None and keep is not None \
+            and keep.slot is not None and files is not None and (keep.spec, keep.world_size) == (bound.spec, world[1]):
+        return RoleSnapshot(bound.spec, world[1], bound.kinds, keep.adam_step, bound.catalog, keep.own, slot=keep.slot,
+                            kept=True)
     if bound is None or not bound.holds(tensors, world):
         kinds = state_kinds(state)
         spec, catalog = train_spec(state), role_catalog(engine)
@@ -121,60 +128,71 @@ def take_snapshot(engine: TrainEngine, files: SnapshotFiles | None = None, role:
 
 
 def send_replicas(snaps: Mapping[str, RoleSnapshot], group: dist.ProcessGroup, peers: list[PeerDir] | None = None,
-                  files: SnapshotFiles | None = None, key: int = 0, recorder: TraceRecorder | None = None) -> int:
+                  files: SnapshotFiles | None = None, key: int = 0, recorder: TraceRecorder | None = None,
+                  committed: Mapping[str, RoleSnapshot] | None = None) -> int:
     """Collective over `group` (the snapshot's world, in its order; every rank with its roles in the same order):
     every rank's own copies into new replica buffers on the next rank; the bytes moved between ranks over the world
-    (the same on every rank). `peers` (each rank's PeerDir, in `group`'s order) and `files` (this rank's): a holder
-    that sees its predecessor's files copies the own slots from them once told that snapshot `key` is in them; any
-    other takes one message per role and dtype over gloo."""
+    (the same on every rank). Each rank first tells its holder snapshot `key`'s slots and which roles it kept
+    (take_snapshot's `keep`): a kept role's replica is the holder's `committed` one (the last commit on this ring).
+    `peers` (each rank's PeerDir, in `group`'s order) and `files` (this rank's): a holder that sees its predecessor's
+    files copies the other roles' slots from them; any other takes one message per role and dtype over gloo."""
     rank, began, works, moved, sent, read = dist.get_rank(group), time.time(), [], 0, 0, 0
     world = dist.get_world_size(group)
     holder, source = holder_of(rank, world), replica_source(rank, world)
     local_to = peers is not None and files is not None and peers[holder].same_files(peers[rank])
     local_from = peers is not None and files is not None and peers[source].same_files(peers[rank])
-    told = torch.tensor([key, *(-1 if s.slot is None else s.slot for s in snaps.values())], dtype=torch.int64)
-    heard = torch.empty_like(told)
-    if holder != rank:  # the slots this snapshot is in: the holder reads them once they are written
-        works += [dist.isend(told, peer_rank(group, holder), group, tag=0),
-                  dist.irecv(heard, peer_rank(group, source), group, tag=0)]
-    for i, snap in enumerate(snaps.values(), start=1):
-        if not snap.replica:  # made here unless the caller made them (replica_buffers)
-            snap.replica = empty(snap.ring_index(rank))
-        for j, (dtype, flat) in enumerate(snap.own.items()):  # the dtypes in the order the holder's replica has them
-            if holder == rank:  # a world of one: its own replica
-                snap.replica[dtype].copy_(flat)
-            elif not local_to:
-                works.append(dist.isend(flat, peer_rank(group, holder), group, tag=16 * i + j))
-                sent += flat.nbytes
-        if source != rank and not local_from:
-            works += [dist.irecv(flat, peer_rank(group, source), group, tag=16 * i + j)
-                      for j, flat in enumerate(snap.replica.values())]
-        moved += sum(shard_index(snap.catalog, snap.spec, snap.kinds, r).nbytes for r in snap.spec.ranks
-                     if holder_of(r, world) != r)
-    messages = len(works)
-    if source != rank and local_from:
-        works.pop(1).wait()  # a gloo work waited twice waits for a second message
+    told = torch.tensor([key, *(-1 if s.slot is None else s.slot for s in snaps.values()),
+                         *(int(s.kept) for s in snaps.values())], dtype=torch.int64)
+    heard = told.clone()  # a world of one: its own
+    if holder != rank:
+        works.append(dist.isend(told, peer_rank(group, holder), group, tag=0))
+        dist.irecv(heard, peer_rank(group, source), group, tag=0).wait()
         if int(heard[0]) != key:
             raise RuntimeError(f"rank {source} announced snapshot {int(heard[0])} to its replica holder, not {key}")
-        for (role, snap), slot in zip(snaps.items(), heard[1:].tolist()):
-            if snap.replica:
-                for dtype, flat in files.peer(peers[source].directory, role, slot, snap.ring_index(rank).sizes).items():
-                    snap.replica[dtype].copy_(flat)
-                    read += flat.nbytes
+    slots, kept = heard[1:1 + len(snaps)].tolist(), heard[1 + len(snaps):].tolist()
+    for i, ((role, snap), slot, theirs_kept) in enumerate(zip(snaps.items(), slots, kept), start=1):
+        if not snap.kept:
+            for j, flat in enumerate(snap.own.values()):  # the dtypes in the order the holder's replica has them
+                if holder != rank and not local_to:
+                    works.append(dist.isend(flat, peer_rank(group, holder), group, tag=16 * i + j))
+                    sent += flat.nbytes
+            moved += sum(shard_index(snap.catalog, snap.spec, snap.kinds, r).nbytes for r in snap.spec.ranks
+                         if holder_of(r, world) != r)
+        if theirs_kept:
+            if committed is None or role not in committed:
+                raise RuntimeError(f"rank {source} kept its {role} snapshot, and this rank has no committed replica "
+                                   f"of it on this ring")
+            snap.replica = committed[role].replica
+            continue
+        if not snap.replica:  # made here unless the caller made them (replica_buffers)
+            snap.replica = empty(snap.ring_index(rank))
+        if holder == rank:  # a world of one: its own replica
+            for dtype, flat in snap.own.items():
+                snap.replica[dtype].copy_(flat)
+        elif local_from:
+            for dtype, flat in files.peer(peers[source].directory, role, slot, snap.ring_index(rank).sizes).items():
+                snap.replica[dtype].copy_(flat)
+                read += flat.nbytes
+        else:
+            works += [dist.irecv(flat, peer_rank(group, source), group, tag=16 * i + j)
+                      for j, flat in enumerate(snap.replica.values())]
+    messages = len(works) + (holder != rank)
     for work in works:
         work.wait()
     if recorder is not None:
+        received = sum(t.nbytes for s, k in zip(snaps.values(), kept) if not k for t in s.replica.values())
         recorder.add("elastic/snapshot", 0, began, time.time() - began, dict(
-            bytes_sent=sent, bytes_received=sum(t.nbytes for s in snaps.values() for t in s.replica.values()) - read,
-            bytes_read_from_files=read, messages=messages))
+            bytes_sent=sent, bytes_received=received - read, bytes_read_from_files=read, messages=messages))
     return moved
 
 
 def replica_buffers(snaps: Mapping[str, RoleSnapshot], rank: int) -> None:
     """Each snapshot's replica buffers made now, on the loop's thread, for send_replicas to fill: glibc's main arena
-    hands back the pages of the replicas freed at the last commit, where a thread's arena maps fresh ones to fault in."""
+    hands back the pages of the replicas freed at the last commit, where a thread's arena maps fresh ones to fault in.
+    A kept role gets none (its holder's predecessor keeps it too, as every rank binds anew at the same changes)."""
     for snap in snaps.values():
-        snap.replica = empty(snap.ring_index(rank))
+        if not snap.kept:
+            snap.replica = empty(snap.ring_index(rank))
 
 
 @dataclass(frozen=True)
@@ -228,9 +246,12 @@ def snapshot_bytes(snaps: dict[str, RoleSnapshot]) -> tuple[int, int]:
     return own, sum(t.nbytes for s in snaps.values() for t in s.replica.values())
 
 
-def held_bytes(snaps: dict[str, RoleSnapshot]) -> int:
-    """Host memory this rank holds for `snaps`: own copies not in files, and replicas."""
-    return sum(snapshot_bytes(snaps))
+def held_bytes(*snaps: dict[str, RoleSnapshot]) -> int:
+    """Host memory this rank holds for the snapshots of `snaps`: own copies not in files, and replicas, each tensor
+    once (a kept role's replica is shared with the committed snapshot's)."""
+    tensors = {id(t): t for group in snaps for s in group.values()
+               for t in (*s.replica.values(), *(s.own.values() if s.slot is None else ()))}
+    return sum(t.nbytes for t in tensors.values())
 
 
 def memory_metrics(snaps: dict[str, RoleSnapshot], peak: int, disk: int) -> dict[str, float]:

@@ -7,7 +7,9 @@
   moved past the snapshot, rebuilds an engine that trains on exactly as the live one did; files of other sizes go at
   keep_only, the directory at the end.
 - A replica holder gets its predecessor's shard exactly, whether it copies it from the predecessor's files (the same
-  node) or receives it over gloo (a holder on another filesystem), and the two ways agree to the bit."""
+  node) or receives it over gloo (a holder on another filesystem), and the two ways agree to the bit; a frozen role
+  (the reference) still bound to the same tensors keeps its committed snapshot, own copy and replica, while a
+  trained one is copied and sent again."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -112,6 +114,19 @@ def _replica_both_ways(rank: int, world: int, root: str) -> dict[str, dict[str, 
         assert got["files"][role].keys() == got["network"][role].keys() == theirs[role].keys()
         for name, t in theirs[role].items():
             assert torch.equal(got["files"][role][name], t) and torch.equal(got["network"][role][name], t)
+
+    _step(engines["actor"], random_batch(seed=2, batch=6), policy_loss)  # the actor moves on; the frozen ones do not
+    for way, seen in (("files", peers), ("network", apart)):  # the next snapshot keeps the frozen reference's
+        nxt = {role: take_snapshot(engine, files, role, 1, keep=snaps[role]) for role, engine in engines.items()}
+        assert nxt["reference"].kept and nxt["reference"].own is snaps["reference"].own
+        assert not nxt["actor"].kept and nxt["actor"].slot == 1  # trained: copied into the other slot
+        send_replicas(nxt, side, seen, files, key=8, committed=snaps)
+        dist.barrier(group=side)
+        assert nxt["reference"].replica is snaps["reference"].replica  # kept by the holder too, nothing moved
+        assert not any(torch.equal(a, b) for a, b in zip(nxt["actor"].replica.values(), snaps["actor"].replica.values()))
+        mine: list = [None] * world
+        dist.all_gather_object(mine, nxt["actor"].own_state(rank))
+        assert all(torch.equal(nxt["actor"].replica_state(rank)[n], t) for n, t in mine[replica_source(rank, world)].items())
     files.remove()
     return {"files": {r: sum(t.numel() for t in v.values()) for r, v in got["files"].items()}}
 
