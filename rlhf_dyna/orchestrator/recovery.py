@@ -97,11 +97,8 @@ class Recovery:
         self.side = dist.new_group(backend="gloo") if self.snapshots and not joined else None
         self.ring_world = dist.get_world_size() if not joined else None  # the world the side group spans
         self.ring_at: int | None = None if joined else 0  # the membership's generation when the ring formed
-        self.process = process
-        self.sender: threading.Thread | None = None
-        self.send_error: BaseException | None = None
-        self.sent: dict[str, float] = {}  # the last completed send's metrics
-        self.recorder = None  # the runtime's trace: the snapshots' and the recovery's events
+        self.process, self.sender, self.send_error = process, None, None  # the snapshot thread and its error
+        self.sent, self.recorder = {}, None  # the last completed send's metrics; the runtime's trace
         self.files: SnapshotFiles | None = None  # node-local: the own copies' slot files (launch/scratch.py)
         self.peers: tuple[dist.ProcessGroup, list[PeerDir]] | None = None  # the side group's ranks' files
         self.committed_ring = None  # the side group the committed snapshot (self.roles) was sent over
@@ -125,11 +122,10 @@ class Recovery:
             self.snapshot(run, runtime, run.start_step)
 
     def snapshot(self, run: Run, runtime, step: int, background: bool = True) -> dict[str, float]:
-        """Every role's state and the loop's after `step` copied to host memory (here: the live state changes in the
-        next step), each shard's replica sent to the next rank by a thread over a group of its own during the next
-        step's generation (or here, `background=False`); committed once every rank has received its replica. The
-        metrics: this copy's and the wait for the previous send (elastic/snapshot/{copy,wait}_seconds), and the
-        previous send's elastic/snapshot/{seconds,bytes,write_seconds,cpu_seconds} and memory_metrics."""
+        """Every role's state and the loop's after `step` copied (here: the live state changes in the next step), each
+        shard's replica made on the next rank by a thread over a group of its own during the next step's generation
+        (or here, `background=False`); committed once every rank has its replica. The metrics: this copy's and the
+        wait for the previous send (elastic/snapshot/{copy,wait}_seconds), the previous send's and memory_metrics."""
         waited = self.finish_sending()
         start, cpu = time.perf_counter(), time.thread_time()
         engines = {role: getattr(runtime, role) for role in ROLES if getattr(runtime, role) is not None}
