@@ -217,16 +217,16 @@ def cost_run(tmp: Path, recipe: str, replicas: int, repeat: int, steps: int) -> 
     run_dir = tmp / f"{recipe}_{replicas}_{repeat}"
     finish(app(run_dir, f"recipe={recipe}", "parallel.world_size=4", f"trainer.total_steps={steps}",
                f"elastic.replicas={replicas}"))
-    steps = rows(run_dir)[3:]
-    out = {"step_seconds": mean([r["timing_s/iteration"] for r in steps])}
+    logged = rows(run_dir)[3:]
+    out = {"step_seconds": mean([r["timing_s/iteration"] for r in logged])}
     if replicas:  # the copy and the wait for the previous send are on the loop's path; the send runs beside it
         out["on_path_seconds"] = mean([r["elastic/snapshot/copy_seconds"] + r["elastic/snapshot/wait_seconds"]
-                                       for r in steps])
+                                       for r in logged])
         for name, key in (("snapshot_seconds", "seconds"), ("cpu_seconds", "cpu_seconds")):
-            out[name] = mean([r[f"elastic/snapshot/{key}"] for r in steps])
-        out["snapshot_bytes"] = steps[-1]["elastic/snapshot/bytes"]
+            out[name] = mean([r[f"elastic/snapshot/{key}"] for r in logged])
+        out["snapshot_bytes"] = logged[-1]["elastic/snapshot/bytes"]
         for key in ("host", "replica", "disk", "peak_host"):
-            out[f"{key}_bytes_per_rank"] = steps[-1][f"elastic/snapshot/{key}_bytes"]
+            out[f"{key}_bytes_per_rank"] = logged[-1][f"elastic/snapshot/{key}_bytes"]
     return out
 
 

@@ -5,9 +5,9 @@ and a rollout rank, which holds no role, takes part in the ring with each role's
 replica: it is loaded again from its files).
 
 Every `elastic.snapshot_every` steps, at the step's end, each rank copies its shard of every training role's state
-(fp32 parameters and AdamW moments of the actor and critic, the reference's parameters) to host memory and sends it
-by the ring plan to the next rank (transition/replica_state.py, elastic/replicas.py), and keeps the loop's state of
-that step (prompt sampler, RNGs, task position, KL controller); once committed, its own copy goes to node-local disk.
+(fp32 parameters and AdamW moments of the actor and critic, the reference's parameters) into its own slot files on
+node-local disk, the next rank takes a replica of it by the ring plan (transition/replica_state.py, elastic/replicas.py),
+and the rank keeps the loop's state of that step (prompt sampler, RNGs, task position, KL controller).
 
 When a rank dies, the launcher announces it on the job's store (launch/lost_ranks.py). A watchdog thread on every
 rank waits for that announcement and shuts the old world's connections (launch/sockets.py: gloo has no abort), so a
